@@ -1,0 +1,106 @@
+//! The conformance suite every [`IdempotencyStore`](idempotency_core::IdempotencyStore) must pass, run against the real server.
+//!
+//! Each case is a public async function in [`cases`] that takes the store under test and panics
+//! on a violation. Every case addresses its records under a fresh random scope, so cases run in
+//! parallel against one shared server and never touch data they did not create.
+//!
+//! A store crate runs the whole suite with one macro call in a test file, which expands into one
+//! named `#[tokio::test]` per case (the test crate needs `tokio` with the `macros` and
+//! `rt-multi-thread` features):
+//!
+//! ```
+//! mod memory {
+//!     idempotency_conformance::conformance_suite!(async {
+//!         idempotency_memory::MemoryStore::default()
+//!     });
+//! }
+//! ```
+//!
+//! A store that needs teardown (a schema to drop) passes a second expression, an async closure
+//! that receives the `Arc` of the store after the case, whether the case passed or panicked:
+//! `conformance_suite!(make_store(), |store| async move { store.drop_schema().await });`
+//!
+//! The suite is part of the test tooling, not of the stable API: cases may be added in any
+//! release.
+
+pub mod cases;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use futures_util;
+}
+
+/// The names of every case, in the order [`conformance_suite!`] expands them.
+pub const CASES: &[&str] = &[
+    "claim_of_a_fresh_key_proceeds",
+    "claim_of_a_held_key_returns_the_in_flight_record",
+    "concurrent_claims_have_exactly_one_winner",
+    "scopes_are_isolated",
+    "replay_is_byte_exact",
+    "large_body_round_trips",
+    "empty_and_omitted_bodies_round_trip",
+    "different_fingerprint_never_replays_nor_overwrites",
+    "completed_record_expires_on_read",
+    "lease_expiry_allows_takeover_and_fences_the_old_token",
+    "complete_with_a_foreign_token_is_stale",
+    "release_frees_the_key_at_once",
+    "release_with_a_foreign_token_changes_nothing",
+    "nothing_changes_a_completed_record",
+    "purge_removes_only_expired_records",
+    "absent_key_reads_none_and_fences_stale",
+    "hostile_keys_and_scopes_round_trip",
+    "engine_runs_a_request_once_and_replays_it",
+    "engine_dropped_guard_releases_the_key",
+    "engine_releases_statuses_the_policy_does_not_store",
+    "engine_waits_for_an_in_flight_request_then_replays",
+];
+
+/// Expands every case of the suite into a named `#[tokio::test]` for one store.
+///
+/// `$make` is an expression evaluated once per case that yields a future of the store;
+/// the optional `$teardown` is called with an `Arc` of the store after the case.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!($make, |_store| async {});
+    };
+    ($make:expr, $teardown:expr) => {
+        $crate::conformance_suite!(@cases ($make) ($teardown)
+            claim_of_a_fresh_key_proceeds
+            claim_of_a_held_key_returns_the_in_flight_record
+            concurrent_claims_have_exactly_one_winner
+            scopes_are_isolated
+            replay_is_byte_exact
+            large_body_round_trips
+            empty_and_omitted_bodies_round_trip
+            different_fingerprint_never_replays_nor_overwrites
+            completed_record_expires_on_read
+            lease_expiry_allows_takeover_and_fences_the_old_token
+            complete_with_a_foreign_token_is_stale
+            release_frees_the_key_at_once
+            release_with_a_foreign_token_changes_nothing
+            nothing_changes_a_completed_record
+            purge_removes_only_expired_records
+            absent_key_reads_none_and_fences_stale
+            hostile_keys_and_scopes_round_trip
+            engine_runs_a_request_once_and_replays_it
+            engine_dropped_guard_releases_the_key
+            engine_releases_statuses_the_policy_does_not_store
+            engine_waits_for_an_in_flight_request_then_replays
+        );
+    };
+    (@cases ($make:expr) ($teardown:expr) $($case:ident)*) => {$(
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            use $crate::__private::futures_util::FutureExt as _;
+            let store = ::std::sync::Arc::new($make.await);
+            let outcome = ::std::panic::AssertUnwindSafe($crate::cases::$case(::std::sync::Arc::clone(&store)))
+                .catch_unwind()
+                .await;
+            ($teardown)(store).await;
+            if let Err(panic) = outcome {
+                ::std::panic::resume_unwind(panic);
+            }
+        }
+    )*};
+}

@@ -1,0 +1,103 @@
+//! Store errors.
+
+use crate::DecodeError;
+
+/// A boxed error kept as the source of a [`StoreError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A store operation failed. Protocol outcomes (in flight, mismatch, stale token) are not errors;
+/// this is only for a store that could not answer. It is never turned into "not found".
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached (connection refused or lost, pool exhausted, server
+    /// restarting). Retrying later may help.
+    #[error("the {backend} idempotency store is unavailable")]
+    Unavailable {
+        /// Which store (`postgres`, `redis`, `memory`, ...).
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+    /// A store call took longer than the configured bound.
+    #[error("the {backend} idempotency store did not answer within {timeout:?}")]
+    Timeout {
+        /// Which store.
+        backend: &'static str,
+        /// The bound that was exceeded.
+        timeout: std::time::Duration,
+    },
+    /// The store is full and refuses new claims (memory store at its in-flight limit).
+    #[error("the {backend} idempotency store is full: {reason}")]
+    Full {
+        /// Which store.
+        backend: &'static str,
+        /// What limit was reached.
+        reason: String,
+    },
+    /// The store answered with an error that a retry will not fix (a query error, a script
+    /// error, missing table or permission).
+    #[error("the {backend} idempotency store failed")]
+    Backend {
+        /// Which store.
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+    /// A stored record could not be decoded.
+    #[error("a record in the {backend} idempotency store is corrupt")]
+    Corrupt {
+        /// Which store.
+        backend: &'static str,
+        /// What could not be decoded.
+        #[source]
+        source: CorruptRecord,
+    },
+}
+
+/// What was wrong with a corrupt record.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CorruptRecord {
+    /// The stored response bytes could not be decoded.
+    #[error(transparent)]
+    Response(#[from] DecodeError),
+    /// The stored fingerprint could not be decoded.
+    #[error(transparent)]
+    Fingerprint(#[from] crate::FingerprintError),
+    /// A field is missing or has the wrong type.
+    #[error("{0}")]
+    Field(&'static str),
+}
+
+impl StoreError {
+    /// True when a later retry of the same call may succeed (the store was unreachable, slow or
+    /// full); false when the store or its data is broken.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Timeout { .. } | StoreError::Full { .. }
+        )
+    }
+
+    /// The name of the store that failed.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable { backend, .. }
+            | StoreError::Timeout { backend, .. }
+            | StoreError::Full { backend, .. }
+            | StoreError::Backend { backend, .. }
+            | StoreError::Corrupt { backend, .. } => backend,
+        }
+    }
+
+    /// Shorthand for [`StoreError::Corrupt`].
+    pub fn corrupt(backend: &'static str, source: impl Into<CorruptRecord>) -> Self {
+        StoreError::Corrupt {
+            backend,
+            source: source.into(),
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! The stored response and its one binary encoding, shared by every store.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::StatusCode;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// The name of the header that marks a replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A response as stored for replay: status, the headers worth replaying (repeated ones kept, in
+/// order) and the body bytes, byte for byte (ADR amendment 4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    body_omitted: bool,
+}
+
+/// The stored bytes of a response could not be decoded. Stores report it as
+/// [`StoreError::Corrupt`](crate::StoreError::Corrupt); it never becomes "not found".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes do not start with the encoding's magic number.
+    #[error("not a stored response (bad magic)")]
+    BadMagic,
+    /// The encoding version is newer than this library.
+    #[error("unsupported stored response version {0}")]
+    UnsupportedVersion(u8),
+    /// The bytes end before the encoding does.
+    #[error("stored response is truncated")]
+    Truncated,
+    /// Bytes follow the end of the encoding.
+    #[error("{0} unexpected bytes after the stored response")]
+    TrailingBytes(usize),
+    /// The status code is outside 100..=999.
+    #[error("invalid status code {0}")]
+    InvalidStatus(u16),
+    /// A header name or value is not valid HTTP.
+    #[error("invalid header in stored response")]
+    InvalidHeader,
+    /// Unknown flag bits are set.
+    #[error("unknown flags {0:#04x}")]
+    UnknownFlags(u8),
+}
+
+const MAGIC: &[u8; 3] = b"IDR";
+const CONTENT_MD5: HeaderName = HeaderName::from_static("content-md5");
+const VERSION: u8 = 1;
+const FLAG_BODY_OMITTED: u8 = 0b0000_0001;
+
+impl StoredResponse {
+    /// A response with exactly these headers. Use [`StoredResponse::capture`] to apply the
+    /// replay filter to a handler's full header map.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+        StoredResponse {
+            status,
+            headers,
+            body,
+            body_omitted: false,
+        }
+    }
+
+    /// Captures a handler's response for storage: keeps every header that is safe to replay
+    /// (see [`is_replayable_header`]) and the body.
+    pub fn capture(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+        StoredResponse::new(status, replayable_headers(headers), body)
+    }
+
+    /// Captures only the status and headers of a response whose body was too large to store.
+    /// A replay of it answers with the stored status and headers and an empty body, and
+    /// [`StoredResponse::body_omitted`] is true, so the handler does not run a second time.
+    pub fn capture_without_body(status: StatusCode, headers: &HeaderMap) -> Self {
+        let mut headers = replayable_headers(headers);
+        // The body is not replayed, so neither are the headers that describe it.
+        headers.remove(header::CONTENT_ENCODING);
+        headers.remove(header::CONTENT_RANGE);
+        headers.remove(CONTENT_MD5);
+        StoredResponse {
+            status,
+            headers,
+            body: Bytes::new(),
+            body_omitted: true,
+        }
+    }
+
+    /// The stored status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stored headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The stored body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// True when the body was over the storage cap and was not stored.
+    pub fn body_omitted(&self) -> bool {
+        self.body_omitted
+    }
+
+    /// Splits the response into its parts.
+    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
+        (self.status, self.headers, self.body)
+    }
+
+    /// Bytes the encoded form takes (for capacity accounting).
+    pub fn encoded_len(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| 2 + n.as_str().len() + 4 + v.len())
+            .sum();
+        MAGIC.len() + 1 + 2 + 1 + 4 + headers + 4 + self.body.len()
+    }
+
+    /// Encodes the response in the one format every store keeps:
+    ///
+    /// ```text
+    /// "IDR" version:u8 status:u16 flags:u8 header_count:u32
+    ///   (name_len:u16 name value_len:u32 value)*  body_len:u32 body
+    /// ```
+    /// All integers are big-endian.
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.encoded_len());
+        out.put_slice(MAGIC);
+        out.put_u8(VERSION);
+        out.put_u16(self.status.as_u16());
+        out.put_u8(if self.body_omitted {
+            FLAG_BODY_OMITTED
+        } else {
+            0
+        });
+        out.put_u32(self.headers.len() as u32);
+        for (name, value) in &self.headers {
+            out.put_u16(name.as_str().len() as u16);
+            out.put_slice(name.as_str().as_bytes());
+            out.put_u32(value.len() as u32);
+            out.put_slice(value.as_bytes());
+        }
+        out.put_u32(self.body.len() as u32);
+        out.put_slice(&self.body);
+        out.freeze()
+    }
+
+    /// Decodes bytes written by [`StoredResponse::encode`]. The body is a zero-copy slice of
+    /// `bytes`. Corrupt input is a typed error, never a panic.
+    pub fn decode(mut bytes: Bytes) -> Result<Self, DecodeError> {
+        fn need(buf: &Bytes, n: usize) -> Result<(), DecodeError> {
+            if buf.remaining() < n {
+                Err(DecodeError::Truncated)
+            } else {
+                Ok(())
+            }
+        }
+        need(&bytes, MAGIC.len() + 1)?;
+        if &bytes[..3] != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        bytes.advance(3);
+        let version = bytes.get_u8();
+        if version != VERSION {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        need(&bytes, 2 + 1 + 4)?;
+        let raw_status = bytes.get_u16();
+        let status =
+            StatusCode::from_u16(raw_status).map_err(|_| DecodeError::InvalidStatus(raw_status))?;
+        let flags = bytes.get_u8();
+        if flags & !FLAG_BODY_OMITTED != 0 {
+            return Err(DecodeError::UnknownFlags(flags));
+        }
+        let count = bytes.get_u32() as usize;
+        // Each header takes at least 6 bytes: refuse counts the input cannot hold before
+        // reserving memory for them.
+        if count > bytes.remaining() / 6 {
+            return Err(DecodeError::Truncated);
+        }
+        let mut headers = HeaderMap::with_capacity(count);
+        for _ in 0..count {
+            need(&bytes, 2)?;
+            let name_len = usize::from(bytes.get_u16());
+            need(&bytes, name_len)?;
+            let name = HeaderName::from_bytes(&bytes[..name_len])
+                .map_err(|_| DecodeError::InvalidHeader)?;
+            bytes.advance(name_len);
+            need(&bytes, 4)?;
+            let value_len = bytes.get_u32() as usize;
+            need(&bytes, value_len)?;
+            let value = HeaderValue::from_maybe_shared(bytes.split_to(value_len))
+                .map_err(|_| DecodeError::InvalidHeader)?;
+            headers.append(name, value);
+        }
+        need(&bytes, 4)?;
+        let body_len = bytes.get_u32() as usize;
+        need(&bytes, body_len)?;
+        let body = bytes.split_to(body_len);
+        if bytes.has_remaining() {
+            return Err(DecodeError::TrailingBytes(bytes.remaining()));
+        }
+        Ok(StoredResponse {
+            status,
+            headers,
+            body,
+            body_omitted: flags & FLAG_BODY_OMITTED != 0,
+        })
+    }
+}
+
+/// Whether a response header is stored and replayed.
+///
+/// Dropped: hop-by-hop headers (RFC 9110 §7.6.1: `Connection`, `Keep-Alive`,
+/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, and the proxy
+/// authentication pair), `Date` (the replay gets its own), `Set-Cookie` (a session cookie must
+/// never be handed out again), `Content-Length` (recomputed from the body) and
+/// `Idempotent-Replayed` (added to every replay). Everything else, including `Location`,
+/// `Content-Type`, `ETag` and custom headers, is kept with all its values.
+pub fn is_replayable_header(name: &HeaderName) -> bool {
+    !matches!(
+        *name,
+        header::CONNECTION
+            | header::TE
+            | header::TRAILER
+            | header::TRANSFER_ENCODING
+            | header::UPGRADE
+            | header::PROXY_AUTHENTICATE
+            | header::PROXY_AUTHORIZATION
+            | header::DATE
+            | header::SET_COOKIE
+            | header::CONTENT_LENGTH
+    ) && name != IDEMPOTENT_REPLAYED
+        && name.as_str() != "keep-alive"
+        && name.as_str() != "proxy-connection"
+}
+
+fn replayable_headers(headers: &HeaderMap) -> HeaderMap {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named_by_connection: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if is_replayable_header(name) && !named_by_connection.contains(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> StoredResponse {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::LOCATION, HeaderValue::from_static("/tasks/1"));
+        headers.append("x-multi", HeaderValue::from_static("one"));
+        headers.append("x-multi", HeaderValue::from_static("two"));
+        StoredResponse::new(
+            StatusCode::CREATED,
+            headers,
+            Bytes::from_static(b"{\"id\":1}"),
+        )
+    }
+
+    #[test]
+    fn round_trips_repeated_headers_in_order() {
+        let r = sample();
+        let back = StoredResponse::decode(r.encode()).unwrap();
+        assert_eq!(back, r);
+        let multi: Vec<_> = back.headers().get_all("x-multi").iter().collect();
+        assert_eq!(multi, ["one", "two"]);
+    }
+
+    #[test]
+    fn capture_drops_what_must_not_be_replayed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::DATE,
+            HeaderValue::from_static("Sun, 29 Nov 2026 10:00:00 GMT"),
+        );
+        h.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        h.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        h.insert(header::LOCATION, HeaderValue::from_static("/tasks/1"));
+        let r = StoredResponse::capture(StatusCode::CREATED, &h, Bytes::from_static(b"{}"));
+        let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["etag", "location"]);
+    }
+
+    #[test]
+    fn omitted_body_is_flagged_and_round_trips() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        let r = StoredResponse::capture_without_body(StatusCode::OK, &h);
+        assert!(r.body_omitted());
+        assert!(r.body().is_empty());
+        assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
+        assert_eq!(StoredResponse::decode(r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn corrupt_input_is_a_typed_error() {
+        let good = sample().encode();
+        assert_eq!(
+            StoredResponse::decode(Bytes::new()),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(
+            StoredResponse::decode(Bytes::from_static(b"XYZ\x01")),
+            Err(DecodeError::BadMagic)
+        );
+        assert_eq!(
+            StoredResponse::decode(Bytes::from_static(b"IDR\x07")),
+            Err(DecodeError::UnsupportedVersion(7))
+        );
+        let mut trailing = good.to_vec();
+        trailing.push(0);
+        assert_eq!(
+            StoredResponse::decode(trailing.into()),
+            Err(DecodeError::TrailingBytes(1))
+        );
+        for cut in 0..good.len() {
+            assert!(StoredResponse::decode(good.slice(..cut)).is_err());
+        }
+        // A huge header count must not allocate: it is refused as truncated.
+        let mut bogus = b"IDR\x01\x00\xc8\x00".to_vec();
+        bogus.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            StoredResponse::decode(bogus.into()),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    fn arb_response() -> impl Strategy<Value = StoredResponse> {
+        let header = (
+            "x-[a-z0-9-]{1,20}",
+            proptest::collection::vec(0x20u8..0x7f, 0..40),
+        );
+        (
+            100u16..1000,
+            proptest::collection::vec(header, 0..10),
+            proptest::collection::vec(any::<u8>(), 0..2048),
+            any::<bool>(),
+        )
+            .prop_map(|(status, headers, body, omitted)| {
+                let mut map = HeaderMap::new();
+                for (name, value) in headers {
+                    map.append(
+                        HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                        HeaderValue::from_bytes(&value).unwrap(),
+                    );
+                }
+                let status = StatusCode::from_u16(status).unwrap();
+                if omitted {
+                    StoredResponse::capture_without_body(status, &map)
+                } else {
+                    StoredResponse::new(status, map, Bytes::from(body))
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_round_trips_any_response(r in arb_response()) {
+            let encoded = r.encode();
+            prop_assert_eq!(encoded.len(), r.encoded_len());
+            prop_assert_eq!(StoredResponse::decode(encoded).unwrap(), r);
+        }
+
+        #[test]
+        fn decoder_never_panics(raw in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = StoredResponse::decode(Bytes::from(raw.clone()));
+            let mut prefixed = b"IDR\x01".to_vec();
+            prefixed.extend_from_slice(&raw);
+            let _ = StoredResponse::decode(Bytes::from(prefixed));
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The storage trait every backend implements.
+
+use crate::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope, StoreError,
+    StoredResponse,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Atomic primitives over records addressed by `(scope, key)`.
+///
+/// Stores do these primitives and nothing else; the protocol (what a mismatch means, when to
+/// replay, which statuses to keep, waiting) lives once in [`Engine`](crate::Engine). Every store
+/// keeps the invariants the conformance suite (`idempotency-conformance`) proves against it:
+///
+/// 1. of N concurrent claims of one `(scope, key)`, exactly one gets [`ClaimOutcome::Claimed`];
+/// 2. records of different scopes never see each other;
+/// 3. a completed record returns exactly the stored status, headers and body bytes;
+/// 4. a claim never overwrites a live record, whatever its fingerprint;
+/// 5. expired records (completed past their retention, in-flight past their lease) read as
+///    absent, purged or not, by the store's own clock;
+/// 6. `complete` and `release` apply only while the token holds the in-flight claim;
+/// 7. a released key can be claimed again at once;
+/// 8. a failure is an `Err`, never an absent record.
+///
+/// The trait is object safe: `Arc<dyn IdempotencyStore>` implements it too.
+#[async_trait::async_trait]
+pub trait IdempotencyStore: Send + Sync {
+    /// A short name for logs and metrics (`"postgres"`, `"redis"`, `"memory"`).
+    fn backend(&self) -> &'static str;
+
+    /// Atomically: if `(scope, key)` has no live record, inserts an in-flight record with
+    /// `fingerprint`, owned by `token`, whose lease runs out after `lease`, and returns
+    /// [`ClaimOutcome::Claimed`]; otherwise returns the live record unchanged.
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// If `token` holds the in-flight claim on `(scope, key)`, stores `response` and keeps the
+    /// record for `retention`; otherwise changes nothing and returns [`FenceOutcome::Stale`].
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<FenceOutcome, StoreError>;
+
+    /// If `token` holds the in-flight claim on `(scope, key)`, deletes the record so the key
+    /// can be claimed again at once; otherwise changes nothing and returns
+    /// [`FenceOutcome::Stale`].
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError>;
+
+    /// Reads the live record of `(scope, key)`; expired records read as `None`.
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError>;
+
+    /// Deletes up to `limit` expired records and returns how many were deleted. Stores whose
+    /// server expires records by itself (Redis) return 0. Only reclaims space: expired records
+    /// are already absent on read.
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError>;
+}
+
+macro_rules! forward_store {
+    ($($ptr:ident),*) => {$(
+        #[async_trait::async_trait]
+        impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr<T> {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            async fn claim(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                fingerprint: &Fingerprint,
+                token: LeaseToken,
+                lease: Duration,
+            ) -> Result<ClaimOutcome, StoreError> {
+                (**self).claim(scope, key, fingerprint, token, lease).await
+            }
+            async fn complete(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: LeaseToken,
+                response: &StoredResponse,
+                retention: Duration,
+            ) -> Result<FenceOutcome, StoreError> {
+                (**self).complete(scope, key, token, response, retention).await
+            }
+            async fn release(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: LeaseToken,
+            ) -> Result<FenceOutcome, StoreError> {
+                (**self).release(scope, key, token).await
+            }
+            async fn get(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+            ) -> Result<Option<Record>, StoreError> {
+                (**self).get(scope, key).await
+            }
+            async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+                (**self).purge_expired(limit).await
+            }
+        }
+    )*};
+}
+
+forward_store!(Arc, Box);
