@@ -24,6 +24,7 @@
 //! release.
 
 pub mod cases;
+pub mod env;
 
 #[doc(hidden)]
 pub mod __private {

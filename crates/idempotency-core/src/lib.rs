@@ -60,7 +60,7 @@ pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
-pub use store::IdempotencyStore;
+pub use store::{IdempotencyStore, purge_periodically};
 
 /// Re-exported so users name the same `http` and `bytes` versions.
 pub use {bytes, http};

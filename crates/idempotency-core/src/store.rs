@@ -121,3 +121,50 @@ macro_rules! forward_store {
 }
 
 forward_store!(Arc, Box);
+
+/// Purges expired records of `store` every `period`, `batch` rows per statement, until the
+/// future is dropped. Spawn it where no server-side purge exists (PostgreSQL without pg_cron):
+///
+/// ```no_run
+/// # async fn run(store: std::sync::Arc<dyn idempotency_core::IdempotencyStore>) {
+/// use std::time::Duration;
+/// tokio::spawn(async move {
+///     idempotency_core::purge_periodically(&*store, Duration::from_secs(3600), 10_000).await
+/// });
+/// # }
+/// ```
+/// Purging only reclaims space: expired records are already absent on read. Errors are logged
+/// and the next period tries again.
+pub async fn purge_periodically<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    period: Duration,
+    batch: usize,
+) {
+    let batch = batch.max(1);
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick completes at once: purge right away, then every period.
+    loop {
+        ticker.tick().await;
+        let mut total = 0u64;
+        loop {
+            match store.purge_expired(batch).await {
+                Ok(n) => {
+                    total += n;
+                    if n < batch as u64 {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(backend = store.backend(), %error, "purge of expired idempotency records failed");
+                    break;
+                }
+            }
+        }
+        tracing::debug!(
+            backend = store.backend(),
+            purged = total,
+            "purged expired idempotency records"
+        );
+    }
+}

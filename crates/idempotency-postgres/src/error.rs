@@ -1,0 +1,126 @@
+//! Errors of the Postgres store's setup, and their mapping to the core `StoreError`.
+
+use idempotency_core::StoreError;
+use tokio_postgres::error::SqlState;
+
+pub(crate) const BACKEND: &str = "postgres";
+
+/// Why the Postgres store could not be built or migrated.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostgresStoreError {
+    /// The database URL could not be parsed.
+    #[error("invalid PostgreSQL URL: {0}")]
+    InvalidUrl(#[source] tokio_postgres::Error),
+    /// A schema or table name is not a plain identifier.
+    #[error(
+        "invalid {what} name {name:?}: use 1 to 48 ASCII letters, digits or underscores, not starting with a digit"
+    )]
+    InvalidIdentifier {
+        /// `"schema"` or `"table"`.
+        what: &'static str,
+        /// The name given.
+        name: String,
+    },
+    /// The connection pool could not be built.
+    #[error("could not build the connection pool")]
+    BuildPool(#[source] deadpool_postgres::BuildError),
+    /// No connection could be taken from the pool (the server is down, refuses us, or the pool is
+    /// exhausted).
+    #[error("could not get a PostgreSQL connection")]
+    Pool(#[source] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("PostgreSQL statement failed")]
+    Query(#[source] tokio_postgres::Error),
+    /// The server is a hot standby or read replica.
+    #[error(
+        "the PostgreSQL server is a read-only standby (in recovery) or in read-only mode; \
+         the idempotency table is UNLOGGED and standbys cannot read unlogged tables \
+         (\"cannot access temporary or unlogged relations during recovery\") nor write at all. \
+         Connect the store to the writer: the primary, or on Aurora the cluster (writer) \
+         endpoint, never the reader endpoint"
+    )]
+    ReadOnlyServer,
+    /// The table exists with the other persistence than configured.
+    #[error(
+        "table {table} is {found} but the store is configured for {expected}; \
+         change it with `ALTER TABLE {table} SET {expected}` (rewrites the table under an \
+         exclusive lock) or configure the store's TableMode to match"
+    )]
+    TableModeMismatch {
+        /// The qualified table name.
+        table: String,
+        /// Configured persistence (`LOGGED` or `UNLOGGED`).
+        expected: &'static str,
+        /// Found persistence.
+        found: &'static str,
+    },
+    /// `TableMode::LoggedAsyncCommit` with a caller-built pool whose connections do not run with
+    /// `synchronous_commit = off`.
+    #[error(
+        "TableMode::LoggedAsyncCommit needs synchronous_commit = off on the store's connections, \
+         but it is {found:?}; build the store from a URL (the store sets it), or add \
+         `options=-c synchronous_commit=off` to your pool's connection config"
+    )]
+    SynchronousCommitOn {
+        /// The setting found.
+        found: String,
+    },
+}
+
+impl From<deadpool_postgres::PoolError> for PostgresStoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        PostgresStoreError::Pool(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for PostgresStoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PostgresStoreError::Query(e)
+    }
+}
+
+/// Whether a statement error means "the server cannot answer now" (retryable) rather than "the
+/// statement or data is wrong".
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        // No SQLSTATE: an I/O or protocol error on the connection.
+        None => true,
+        Some(code) => {
+            let class = &code.code()[..2];
+            // 08: connection exception, 53: insufficient resources, 57: operator intervention
+            // (shutdown, crash, cannot connect now), 40: transaction rollback (serialization,
+            // deadlock), 25006: read-only transaction (failover in progress).
+            matches!(class, "08" | "53" | "57" | "40")
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        }
+    }
+}
+
+pub(crate) fn query_error(e: tokio_postgres::Error) -> StoreError {
+    if is_transient(&e) {
+        StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(e),
+        }
+    } else {
+        StoreError::Backend {
+            backend: BACKEND,
+            source: Box::new(e),
+        }
+    }
+}
+
+pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => query_error(e),
+        other => StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(other),
+        },
+    }
+}

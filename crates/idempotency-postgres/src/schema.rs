@@ -1,0 +1,253 @@
+//! Table names, table modes, and the SQL text of every statement.
+
+use crate::error::PostgresStoreError;
+
+/// How the table is persisted. The ADR chose UNLOGGED; the others exist so the benches compare
+/// like with like, and for deployments that cannot accept the crash loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TableMode {
+    /// `CREATE UNLOGGED TABLE` (the ADR): no WAL, so faster commits, but the table is emptied
+    /// by a crash or immediate shutdown and cannot be read on a standby.
+    #[default]
+    Unlogged,
+    /// An ordinary table: every completed record survives a crash once its commit returned.
+    Logged,
+    /// An ordinary table written with `synchronous_commit = off` on the store's connections:
+    /// commits return before their WAL is flushed, so a crash can lose the last few hundred
+    /// milliseconds of records, but nothing older; replicated to standbys.
+    LoggedAsyncCommit,
+}
+
+impl TableMode {
+    pub(crate) fn persistence_keyword(self) -> &'static str {
+        match self {
+            TableMode::Unlogged => "UNLOGGED",
+            TableMode::Logged | TableMode::LoggedAsyncCommit => "",
+        }
+    }
+
+    pub(crate) fn persistence_name(self) -> &'static str {
+        match self {
+            TableMode::Unlogged => "UNLOGGED",
+            TableMode::Logged | TableMode::LoggedAsyncCommit => "LOGGED",
+        }
+    }
+
+    /// A short name for benchmark ids and logs: `unlogged`, `logged`, `logged_async_commit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableMode::Unlogged => "unlogged",
+            TableMode::Logged => "logged",
+            TableMode::LoggedAsyncCommit => "logged_async_commit",
+        }
+    }
+}
+
+/// A validated, quoted schema-qualified table name.
+#[derive(Clone, Debug)]
+pub(crate) struct TableName {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+}
+
+pub(crate) fn validate_identifier(
+    what: &'static str,
+    name: &str,
+) -> Result<(), PostgresStoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 48
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(PostgresStoreError::InvalidIdentifier {
+            what,
+            name: name.to_owned(),
+        })
+    }
+}
+
+fn quote(ident: &str) -> String {
+    // Identifiers are validated to letters, digits and underscores, so quoting cannot be escaped.
+    format!("\"{ident}\"")
+}
+
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+impl TableName {
+    pub(crate) fn new(schema: &str, table: &str) -> Result<Self, PostgresStoreError> {
+        validate_identifier("schema", schema)?;
+        validate_identifier("table", table)?;
+        Ok(TableName {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+        })
+    }
+
+    /// `"schema"."table"`
+    pub(crate) fn qualified(&self) -> String {
+        format!("{}.{}", quote(&self.schema), quote(&self.table))
+    }
+
+    pub(crate) fn migrations_table(&self) -> String {
+        format!(
+            "{}.{}",
+            quote(&self.schema),
+            quote(&format!("{}_migrations", self.table))
+        )
+    }
+
+    pub(crate) fn quoted_schema(&self) -> String {
+        quote(&self.schema)
+    }
+
+    pub(crate) fn purge_job_name(&self) -> String {
+        format!("idempotency-purge:{}.{}", self.schema, self.table)
+    }
+
+    pub(crate) fn purge_all_sql(&self) -> String {
+        format!("DELETE FROM {} WHERE expires_at <= now()", self.qualified())
+    }
+}
+
+/// The numbered migrations, embedded from the workspace's `migrations/` folder.
+pub(crate) const CREATE_TABLE: (i32, &str, &str) = (
+    1,
+    "0001_create_idempotency_keys",
+    include_str!("../../../migrations/0001_create_idempotency_keys.sql"),
+);
+pub(crate) const SCHEDULE_PURGE: (i32, &str, &str) = (
+    2,
+    "0002_schedule_purge_with_pg_cron",
+    include_str!("../../../migrations/0002_schedule_purge_with_pg_cron.sql"),
+);
+
+/// Drops the whole-line comments of a migration file (they describe its placeholders) and names
+/// the file the SQL came from.
+fn sql_body(migration: (i32, &str, &str)) -> String {
+    let mut out = format!("-- migrations/{}.sql\n", migration.1);
+    for line in migration.2.lines() {
+        if !line.trim_start().starts_with("--") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+pub(crate) fn render_create_table(name: &TableName, mode: TableMode) -> String {
+    sql_body(CREATE_TABLE)
+        .replace("{persistence}", mode.persistence_keyword())
+        .replace("{schema}", &quote(&name.schema))
+        .replace("{table}", &quote(&name.table))
+        .replace(
+            "{expires_idx}",
+            &quote(&format!("{}_expires_at_idx", name.table)),
+        )
+}
+
+pub(crate) fn render_schedule_purge(name: &TableName, schedule: &str) -> String {
+    sql_body(SCHEDULE_PURGE)
+        .replace("{job_name}", &literal(&name.purge_job_name()))
+        .replace("{schedule}", &literal(schedule))
+        .replace("{purge_command}", &literal(&name.purge_all_sql()))
+}
+
+/// The SQL of every store operation, rendered once per store.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) get: String,
+    pub(crate) purge: String,
+}
+
+/// The columns a record is read from, in this order: fingerprint, remaining lease in ms (NULL
+/// once completed), response (NULL while in flight).
+const RECORD_COLUMNS: &str = "request_hash, \
+     CASE WHEN lease_token IS NULL THEN NULL \
+          ELSE (extract(epoch FROM locked_until - now()) * 1000)::bigint END, \
+     response";
+
+impl Statements {
+    pub(crate) fn new(name: &TableName) -> Self {
+        let t = name.qualified();
+        Statements {
+            // One round trip: insert a claim, or take over a row whose lease or retention ran out;
+            // when neither happens, return the live row. `$5` is the lease in seconds.
+            claim: format!(
+                "WITH claimed AS ( \
+                   INSERT INTO {t} AS r \
+                     (user_id, key, request_hash, lease_token, locked_until, created_at, expires_at) \
+                   VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
+                           now() + make_interval(secs => $5)) \
+                   ON CONFLICT (user_id, key) DO UPDATE SET \
+                     request_hash = EXCLUDED.request_hash, lease_token = EXCLUDED.lease_token, \
+                     locked_until = EXCLUDED.locked_until, status_code = NULL, response = NULL, \
+                     created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at \
+                   WHERE r.expires_at <= now() \
+                   RETURNING 1) \
+                 SELECT true, NULL::bytea, NULL::bigint, NULL::bytea FROM claimed \
+                 UNION ALL \
+                 SELECT false, {RECORD_COLUMNS} FROM {t} \
+                 WHERE user_id = $1 AND key = $2 AND expires_at > now() \
+                   AND NOT EXISTS (SELECT 1 FROM claimed)"
+            ),
+            complete: format!(
+                "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
+                   response = $5, expires_at = now() + make_interval(secs => $6) \
+                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            ),
+            release: format!(
+                "DELETE FROM {t} \
+                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            ),
+            get: format!(
+                "SELECT {RECORD_COLUMNS} FROM {t} \
+                 WHERE user_id = $1 AND key = $2 AND expires_at > now()"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1))"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(TableName::new("public", "idempotency_keys").is_ok());
+        for bad in ["", "1abc", "a-b", "a\"b", "a b", "ä", &"x".repeat(49)] {
+            assert!(TableName::new(bad, "t").is_err(), "{bad:?}");
+            assert!(TableName::new("s", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn create_table_renders_the_mode() {
+        let name = TableName::new("app", "keys").unwrap();
+        let unlogged = render_create_table(&name, TableMode::Unlogged);
+        assert!(unlogged.contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"app\".\"keys\""));
+        assert!(unlogged.contains("\"keys_expires_at_idx\""));
+        let logged = render_create_table(&name, TableMode::Logged);
+        assert!(logged.contains("CREATE  TABLE IF NOT EXISTS \"app\".\"keys\""));
+        assert!(!logged.contains('{'), "unfilled placeholder in {logged}");
+    }
+
+    #[test]
+    fn purge_job_escapes_its_literals() {
+        let name = TableName::new("app", "keys").unwrap();
+        let sql = render_schedule_purge(&name, "0 * * * *");
+        assert!(sql.contains("SELECT cron.schedule('idempotency-purge:app.keys', '0 * * * *', 'DELETE FROM \"app\".\"keys\" WHERE expires_at <= now()');"));
+        let hostile = render_schedule_purge(&name, "'); DROP TABLE x; --");
+        assert!(hostile.contains("''); DROP TABLE x; --'"));
+    }
+}

@@ -1,0 +1,198 @@
+use crate::process::{free_port, is_root, run_as, user_ids};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// A throwaway PostgreSQL cluster: `initdb` into a temporary folder and a server on a free
+/// loopback port. Stopped (immediately) and removed on drop.
+#[derive(Debug)]
+pub struct TempPostgres {
+    root: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    settings: Vec<String>,
+    user: Option<&'static str>,
+}
+
+fn pg_bin_dir() -> io::Result<PathBuf> {
+    if let Ok(dir) = std::env::var("IDEMPOTENCY_TEST_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                "no PostgreSQL server binaries under /usr/lib/postgresql: install the \
+                 `postgresql` package (scripts/services.sh does) or set IDEMPOTENCY_TEST_PG_BIN",
+            )
+        })?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    candidates.sort();
+    candidates
+        .pop()
+        .map(|(_, bin)| bin)
+        .ok_or_else(|| io::Error::other("no initdb found under /usr/lib/postgresql/*/bin"))
+}
+
+impl TempPostgres {
+    /// Creates and starts a cluster. `settings` are extra `-c name=value` server settings,
+    /// given as `name=value`.
+    pub fn start(settings: &[&str]) -> io::Result<Self> {
+        let bin = pg_bin_dir()?;
+        let root = std::env::temp_dir().join(format!("idem-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root)?;
+        let user = is_root().then_some("postgres");
+        if let Some(user) = user {
+            let (uid, gid) = user_ids(user)?;
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid))?;
+        }
+        let cluster = TempPostgres {
+            port: free_port()?,
+            root,
+            bin,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
+            user,
+        };
+        let data = cluster.data_dir();
+        cluster.pg(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+        )?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// Makes a streaming standby of this cluster with `pg_basebackup -R` and starts it.
+    pub fn start_standby(&self) -> io::Result<TempPostgres> {
+        let root = std::env::temp_dir().join(format!("idem-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root)?;
+        if let Some(user) = self.user {
+            let (uid, gid) = user_ids(user)?;
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid))?;
+        }
+        let standby = TempPostgres {
+            port: free_port()?,
+            root,
+            bin: self.bin.clone(),
+            settings: self.settings.clone(),
+            user: self.user,
+        };
+        let port = self.port.to_string();
+        standby.pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                path_str(&standby.data_dir())?,
+                "-R",
+                "-X",
+                "stream",
+            ],
+        )?;
+        standby.start_server()?;
+        Ok(standby)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    fn pg(&self, tool: &str, args: &[&str]) -> io::Result<std::process::Output> {
+        run_as(self.user, &self.bin.join(tool), args)
+    }
+
+    /// Starts the server (again, after [`TempPostgres::crash`] or [`TempPostgres::stop`]).
+    pub fn start_server(&self) -> io::Result<()> {
+        let mut options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+            self.port,
+            path_str(&self.root)?
+        );
+        for setting in &self.settings {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
+        let log = self.root.join("server.log");
+        self.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data_dir())?,
+                "-l",
+                path_str(&log)?,
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Kills the server without a clean shutdown (`pg_ctl stop -m immediate`): the next start
+    /// runs crash recovery, which empties UNLOGGED tables.
+    pub fn crash(&self) -> io::Result<()> {
+        self.stop_mode("immediate")
+    }
+
+    /// Stops the server cleanly (`pg_ctl stop -m fast`).
+    pub fn stop(&self) -> io::Result<()> {
+        self.stop_mode("fast")
+    }
+
+    fn stop_mode(&self, mode: &str) -> io::Result<()> {
+        self.pg(
+            "pg_ctl",
+            &["-D", path_str(&self.data_dir())?, "-m", mode, "-w", "stop"],
+        )?;
+        Ok(())
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A URL for `database` as the `postgres` superuser.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TempPostgres {
+    fn drop(&mut self) {
+        let _ = self.stop_mode("immediate");
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn path_str(path: &Path) -> io::Result<&str> {
+    path.to_str()
+        .ok_or_else(|| io::Error::other(format!("non-UTF-8 path {}", path.display())))
+}
