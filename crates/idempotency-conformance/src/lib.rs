@@ -31,31 +31,6 @@ pub mod __private {
     pub use futures_util;
 }
 
-/// The names of every case, in the order [`conformance_suite!`] expands them.
-pub const CASES: &[&str] = &[
-    "claim_of_a_fresh_key_proceeds",
-    "claim_of_a_held_key_returns_the_in_flight_record",
-    "concurrent_claims_have_exactly_one_winner",
-    "scopes_are_isolated",
-    "replay_is_byte_exact",
-    "large_body_round_trips",
-    "empty_and_omitted_bodies_round_trip",
-    "different_fingerprint_never_replays_nor_overwrites",
-    "completed_record_expires_on_read",
-    "lease_expiry_allows_takeover_and_fences_the_old_token",
-    "complete_with_a_foreign_token_is_stale",
-    "release_frees_the_key_at_once",
-    "release_with_a_foreign_token_changes_nothing",
-    "nothing_changes_a_completed_record",
-    "purge_removes_only_expired_records",
-    "absent_key_reads_none_and_fences_stale",
-    "hostile_keys_and_scopes_round_trip",
-    "engine_runs_a_request_once_and_replays_it",
-    "engine_dropped_guard_releases_the_key",
-    "engine_releases_statuses_the_policy_does_not_store",
-    "engine_waits_for_an_in_flight_request_then_replays",
-];
-
 /// Expands every case of the suite into a named `#[tokio::test]` for one store.
 ///
 /// `$make` is an expression evaluated once per case that yields a future of the store;
@@ -66,7 +41,71 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!($make, |_store| async {});
     };
     ($make:expr, $teardown:expr) => {
-        $crate::conformance_suite!(@cases ($make) ($teardown)
+        $crate::__with_cases!(conformance_suite @tests ($make) ($teardown));
+    };
+    (@tests ($make:expr) ($teardown:expr) $($case:ident)*) => {$(
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            use $crate::__private::futures_util::FutureExt as _;
+            let store = ::std::sync::Arc::new($make.await);
+            let outcome = ::std::panic::AssertUnwindSafe($crate::cases::$case(::std::sync::Arc::clone(&store)))
+                .catch_unwind()
+                .await;
+            ($teardown)(store).await;
+            if let Err(panic) = outcome {
+                ::std::panic::resume_unwind(panic);
+            }
+        }
+    )*};
+}
+
+/// Runs every case of the suite, one after another, inside the current async test, and panics
+/// at the end naming the cases that failed. For stores whose server is expensive to set up
+/// (a throwaway cluster): set it up once in the test, and let `$make` build a store on it.
+///
+/// ```
+/// #[tokio::test(flavor = "multi_thread")]
+/// async fn whole_suite_in_one_test() {
+///     // e.g. let cluster = start_cluster(); ... connect(&cluster) ...
+///     idempotency_conformance::run_conformance!(async { idempotency_memory::MemoryStore::default() });
+/// } // a cluster started above would stop here
+/// ```
+#[macro_export]
+macro_rules! run_conformance {
+    ($make:expr) => {
+        $crate::run_conformance!($make, |_store| async {})
+    };
+    ($make:expr, $teardown:expr) => {
+        $crate::__with_cases!(run_conformance @all ($make) ($teardown))
+    };
+    (@all ($make:expr) ($teardown:expr) $($case:ident)*) => {{
+        use $crate::__private::futures_util::FutureExt as _;
+        let mut failed: ::std::vec::Vec<&str> = ::std::vec::Vec::new();
+        $(
+            let store = ::std::sync::Arc::new($make.await);
+            let outcome = ::std::panic::AssertUnwindSafe($crate::cases::$case(::std::sync::Arc::clone(&store)))
+                .catch_unwind()
+                .await;
+            ($teardown)(store).await;
+            match outcome {
+                Ok(()) => ::std::eprintln!("conformance case {} ... ok", stringify!($case)),
+                Err(_) => {
+                    ::std::eprintln!("conformance case {} ... FAILED", stringify!($case));
+                    failed.push(stringify!($case));
+                }
+            }
+        )*
+        assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+    }};
+}
+
+/// Calls `$callback!` with the given leading tokens followed by every case name. The one list
+/// of cases, shared by [`conformance_suite!`] and [`run_conformance!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_cases {
+    ($callback:ident @ $mode:ident $($args:tt)*) => {
+        $crate::$callback! { @ $mode $($args)*
             claim_of_a_fresh_key_proceeds
             claim_of_a_held_key_returns_the_in_flight_record
             concurrent_claims_have_exactly_one_winner
@@ -88,20 +127,6 @@ macro_rules! conformance_suite {
             engine_dropped_guard_releases_the_key
             engine_releases_statuses_the_policy_does_not_store
             engine_waits_for_an_in_flight_request_then_replays
-        );
-    };
-    (@cases ($make:expr) ($teardown:expr) $($case:ident)*) => {$(
-        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $case() {
-            use $crate::__private::futures_util::FutureExt as _;
-            let store = ::std::sync::Arc::new($make.await);
-            let outcome = ::std::panic::AssertUnwindSafe($crate::cases::$case(::std::sync::Arc::clone(&store)))
-                .catch_unwind()
-                .await;
-            ($teardown)(store).await;
-            if let Err(panic) = outcome {
-                ::std::panic::resume_unwind(panic);
-            }
         }
-    )*};
+    };
 }

@@ -7,6 +7,8 @@
 
 mod postgres;
 mod process;
+mod redis;
 
 pub use postgres::TempPostgres;
 pub use process::free_port;
+pub use redis::{TempRedis, TempRedisCluster};

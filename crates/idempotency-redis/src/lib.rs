@@ -1,0 +1,410 @@
+//! The Redis [`IdempotencyStore`]: the ADR's rejected alternative (ElastiCache), kept so the
+//! ADR can be re-evaluated at scale. Single node through a [`ConnectionManager`] (reconnects by
+//! itself) or Redis Cluster, chosen by configuration.
+//!
+//! ```no_run
+//! use idempotency_redis::RedisStore;
+//!
+//! # async fn run() -> Result<(), idempotency_redis::RedisStoreError> {
+//! let single = RedisStore::connect("redis://127.0.0.1:6379").build().await?;
+//! let cluster = RedisStore::connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+//!     .key_prefix("myapp:idem:")
+//!     .build()
+//!     .await?;
+//! # let _ = (single, cluster); Ok(()) }
+//! ```
+//!
+//! # Layout and guarantees
+//! - One hash per `(scope, key)`, named `<prefix>{<scope>:<key>}` with `{`, `}`, `:` and `%`
+//!   percent-encoded inside the braces, so the whole record address is the cluster hash tag and
+//!   every script touches exactly one slot. Fields: `fp` (fingerprint), `tok` (lease token while
+//!   in flight), `resp` (the stored response once completed).
+//! - Claim, complete, release and read are Lua scripts (`lua/*.lua`): each checks the token and
+//!   sets the TTL in one atomic step; nothing is read and then written from the client.
+//! - Time is Redis' own clock: the TTL is the lease while in flight and the retention once
+//!   completed (`PEXPIRE`), so expired records do not exist; `purge_expired` has nothing to do.
+//! - While Redis is unreachable every call fails with a retryable
+//!   [`StoreError::Unavailable`], never "absent"; the connection recovers by itself.
+//! - Durability is Redis': with persistence off (`--save "" --appendonly no`) a restart forgets
+//!   every key. Use `appendonly yes` and `maxmemory-policy noeviction` in production: an
+//!   evicting policy can drop an in-flight claim.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idempotency_core::{
+    ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
+    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
+};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script, Value};
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+pub use redis;
+
+const BACKEND: &str = "redis";
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "idempotency:";
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
+static COMPLETE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/complete.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/get.lua")));
+
+/// Why the Redis store could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisStoreError {
+    /// The URL is invalid or the server could not be reached.
+    #[error("could not connect to Redis")]
+    Connect(#[source] RedisError),
+    /// The key prefix contains `{` or `}`, which would take over the cluster hash tag.
+    #[error("the key prefix {0:?} must not contain '{{' or '}}'")]
+    InvalidPrefix(String),
+}
+
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+/// Builds a [`RedisStore`].
+pub struct RedisStoreBuilder {
+    target: Target,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("cluster", &matches!(self.target, Target::Cluster(_)))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key name (default `idempotency:`). Must not contain braces.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on connecting (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bound on each command's answer (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects. A single node gets a [`ConnectionManager`], which reconnects in the background
+    /// after a failure; a cluster gets the cluster client's connection, which follows slot moves.
+    pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisStoreError::InvalidPrefix(self.prefix));
+        }
+        let connection = match self.target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url).map_err(RedisStoreError::Connect)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                Connection::Single(
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(RedisStoreError::Connect)?,
+                )
+            }
+            Target::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClient::builder(nodes)
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.response_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(RedisStoreError::Connect)?;
+                Connection::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(RedisStoreError::Connect)?,
+                )
+            }
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                prefix: self.prefix,
+            }),
+        })
+    }
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+struct Inner {
+    connection: Connection,
+    prefix: String,
+}
+
+/// The Redis store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field(
+                "cluster",
+                &matches!(self.inner.connection, Connection::Cluster(_)),
+            )
+            .finish()
+    }
+}
+
+/// Percent-encodes the characters that would break the `{scope:key}` hash tag.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            ':' => out.push_str("%3A"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn redis_error(e: RedisError) -> StoreError {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || !e.is_unrecoverable_error() && !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+    {
+        StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(e),
+        }
+    } else {
+        StoreError::Backend {
+            backend: BACKEND,
+            source: Box::new(e),
+        }
+    }
+}
+
+fn corrupt(what: &'static str) -> StoreError {
+    StoreError::corrupt(BACKEND, CorruptRecord::Field(what))
+}
+
+fn bytes_of(value: Value) -> Result<Vec<u8>, StoreError> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        _ => Err(corrupt("expected a bulk string")),
+    }
+}
+
+/// Reads `{2, fp, pttl}` or `{3, fp, resp}`.
+fn record_from_reply(mut items: std::vec::IntoIter<Value>, tag: i64) -> Result<Record, StoreError> {
+    let fp = bytes_of(items.next().ok_or(corrupt("missing fingerprint"))?)?;
+    let fingerprint = Fingerprint::from_bytes(&fp).map_err(|e| StoreError::corrupt(BACKEND, e))?;
+    let state = match (tag, items.next()) {
+        (2, Some(Value::Int(pttl))) => RecordState::InFlight {
+            lease_remaining: Duration::from_millis(pttl.max(0) as u64),
+        },
+        (3, Some(resp)) => RecordState::Completed {
+            response: StoredResponse::decode(Bytes::from(bytes_of(resp)?))
+                .map_err(|e| StoreError::corrupt(BACKEND, e))?,
+        },
+        _ => return Err(corrupt("unexpected script reply")),
+    };
+    Ok(Record { fingerprint, state })
+}
+
+fn millis(d: Duration) -> u64 {
+    // PEXPIRE 0 deletes the key; a lease or retention always lasts at least a millisecond.
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisStore {
+    /// A store on one Redis server, e.g. `redis://127.0.0.1:6379` or `rediss://...`.
+    pub fn connect(url: impl Into<String>) -> RedisStoreBuilder {
+        Self::builder(Target::Single(url.into()))
+    }
+
+    /// A store on a Redis Cluster, given some of its nodes.
+    pub fn connect_cluster<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    }
+
+    fn builder(target: Target) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// The Redis key name of `(scope, key)`.
+    pub fn record_key(&self, scope: &Scope, key: &IdempotencyKey) -> String {
+        let mut name = String::with_capacity(
+            self.inner.prefix.len() + scope.as_str().len() + key.as_str().len() + 8,
+        );
+        name.push_str(&self.inner.prefix);
+        name.push('{');
+        escape_into(&mut name, scope.as_str());
+        name.push(':');
+        escape_into(&mut name, key.as_str());
+        name.push('}');
+        name
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        async fn on<C: ConnectionLike, T: redis::FromRedisValue>(
+            mut connection: C,
+            invocation: &redis::ScriptInvocation<'_>,
+        ) -> Result<T, RedisError> {
+            invocation.invoke_async(&mut connection).await
+        }
+        match &self.inner.connection {
+            Connection::Single(c) => on(c.clone(), invocation).await,
+            Connection::Cluster(c) => on(c.clone(), invocation).await,
+        }
+        .map_err(redis_error)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = CLAIM.key(self.record_key(scope, key));
+        invocation
+            .arg(&fingerprint.to_bytes()[..])
+            .arg(&token.as_bytes()[..])
+            .arg(millis(lease));
+        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let mut items = reply.into_iter();
+        match items.next() {
+            Some(Value::Int(1)) => Ok(ClaimOutcome::Claimed),
+            Some(Value::Int(tag @ (2 | 3))) => {
+                record_from_reply(items, tag).map(ClaimOutcome::Existing)
+            }
+            _ => Err(corrupt("unexpected claim reply")),
+        }
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = COMPLETE.key(self.record_key(scope, key));
+        invocation
+            .arg(&token.as_bytes()[..])
+            .arg(&response.encode()[..])
+            .arg(millis(retention));
+        let applied: i64 = self.invoke(&invocation).await?;
+        Ok(if applied == 1 {
+            FenceOutcome::Applied
+        } else {
+            FenceOutcome::Stale
+        })
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = RELEASE.key(self.record_key(scope, key));
+        invocation.arg(&token.as_bytes()[..]);
+        let applied: i64 = self.invoke(&invocation).await?;
+        Ok(if applied == 1 {
+            FenceOutcome::Applied
+        } else {
+            FenceOutcome::Stale
+        })
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let invocation = GET.key(self.record_key(scope, key));
+        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let mut items = reply.into_iter();
+        match items.next() {
+            None => Ok(None),
+            Some(Value::Int(tag @ (2 | 3))) => record_from_reply(items, tag).map(Some),
+            _ => Err(corrupt("unexpected get reply")),
+        }
+    }
+
+    /// Redis expires records by itself (`PEXPIRE`): nothing to purge.
+    async fn purge_expired(&self, _limit: usize) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braces_colons_and_percents_cannot_escape_the_hash_tag() {
+        let mut a = String::new();
+        escape_into(&mut a, "{x}:%");
+        assert_eq!(a, "%7Bx%7D%3A%25");
+        // ("a:b", "c") and ("a", "b:c") must not share a name.
+        let (mut x, mut y) = (String::new(), String::new());
+        escape_into(&mut x, "a:b");
+        x.push(':');
+        escape_into(&mut x, "c");
+        escape_into(&mut y, "a");
+        y.push(':');
+        escape_into(&mut y, "b:c");
+        assert_ne!(x, y);
+    }
+}
