@@ -1,0 +1,106 @@
+//! Bodies: reading the request with a limit, and keeping the response while sending it.
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{StreamExt, stream};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::UnsyncBoxBody};
+
+/// A boxed error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The body of every response the layer returns: the handler's (passed through or re-sent),
+/// a replay, or a problem.
+pub type IdempotencyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+pub(crate) fn full(bytes: Bytes) -> IdempotencyBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+pub(crate) fn boxed<B>(body: B) -> IdempotencyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+/// Why a request body was not read.
+pub(crate) enum ReadError {
+    TooLarge,
+    Unreadable,
+}
+
+/// Reads a request body of at most `limit` bytes.
+pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| ReadError::Unreadable)?;
+        if let Ok(data) = frame.into_data() {
+            use bytes::Buf;
+            if buf.len() + data.remaining() > limit {
+                return Err(ReadError::TooLarge);
+            }
+            let mut data = data;
+            while data.has_remaining() {
+                let chunk = data.chunk();
+                buf.extend_from_slice(chunk);
+                let n = chunk.len();
+                data.advance(n);
+            }
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// A response body read up to a cap.
+pub(crate) enum Kept {
+    /// The whole body, within the cap.
+    Whole(Bytes),
+    /// The body was over the cap: what was read, and the body to send after it.
+    Over(IdempotencyBody),
+}
+
+/// Reads a response body up to `cap` bytes. Past the cap it stops reading and returns a body
+/// that sends what was read followed by the rest, so the client still gets every byte.
+pub(crate) async fn keep_up_to<B>(body: B, cap: usize) -> Result<Kept, BoxError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(Into::into)?;
+        match frame.into_data() {
+            Ok(data) => {
+                len += data.len();
+                chunks.push(data);
+                if len > cap {
+                    let read = stream::iter(chunks.into_iter().map(|c| Ok(Frame::data(c))));
+                    let rest = BodyStream::new(body.map_err(Into::into));
+                    return Ok(Kept::Over(StreamBody::new(read.chain(rest)).boxed_unsync()));
+                }
+            }
+            // Trailers are not replayed.
+            Err(_trailers) => {}
+        }
+    }
+    Ok(Kept::Whole(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = BytesMut::with_capacity(len);
+            for c in chunks {
+                buf.extend_from_slice(&c);
+            }
+            buf.freeze()
+        }
+    }))
+}

@@ -1,0 +1,54 @@
+//! Tower middleware (axum first) that makes a retried `POST`, `PATCH` or `DELETE` run its side
+//! effect once: the first request with an `Idempotency-Key` claims it, runs, and its response
+//! is stored; a retry gets that response back byte for byte with `Idempotent-Replayed: true`.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idempotency_core::Scope;
+//! use idempotency_memory::MemoryStore;
+//! use idempotency_tower::IdempotencyLayer;
+//!
+//! #[derive(Clone)]
+//! struct UserId(String); // put in the request extensions by your authentication layer
+//!
+//! let idempotency = IdempotencyLayer::builder(MemoryStore::default())
+//!     .scope_with(|req| req.extensions.get::<UserId>().and_then(|u| Scope::new(u.0.clone()).ok()))
+//!     .build();
+//! let app: Router = Router::new()
+//!     .route("/tasks", post(|| async { "created" }))
+//!     .layer(idempotency); // add the authentication layer after this one, so it runs first
+//! ```
+//!
+//! # What it answers
+//! | situation | response |
+//! | --- | --- |
+//! | method not covered (GET, HEAD, ...) | passed through untouched |
+//! | key missing (when required), malformed, repeated | 400 problem+json |
+//! | no scope (no authenticated caller) | 401 problem+json |
+//! | same key, request still running | 409 problem+json, `Retry-After` from the remaining lease |
+//! | same key, different request | 422 problem+json (Stripe profile: 400, code `idempotency_error`) |
+//! | same key, same request, completed | the stored status, headers, body + `Idempotent-Replayed: true` |
+//! | request body over the limit | 413 problem+json, nothing stored |
+//! | handler returns a status the policy does not store (5xx) | passed through, key released |
+//! | handler panics | 500 problem+json, key released |
+//! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
+//!
+//! The handler runs in its own task: a client that disconnects does not cut its side effect in
+//! half, and its response is still stored for the retry.
+//!
+//! # Observability
+//! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never
+//! the key or the body) and its outcome. `metrics` counters `idempotency_requests_total{outcome}`
+//! (`executed`, `replayed`, `conflict`, `mismatch`, `key_missing`, `key_invalid`,
+//! `scope_missing`, `body_too_large`, `store_error`, ...), `idempotency_completions_total{result}`
+//! (`stored`, `released`, `stale`, `error`), `idempotency_store_errors_total{backend, op}`, and
+//! the histogram `idempotency_store_duration_seconds{backend, op}`.
+
+mod body;
+mod layer;
+mod problem;
+mod service;
+
+pub use body::{BoxError, IdempotencyBody};
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, Profile, ScopeNotSet, ScopeSet};
+pub use service::IdempotencyService;

@@ -1,0 +1,699 @@
+//! The layer's HTTP behaviour, row by row of the table in the crate docs, on the memory store
+//! (and on stores that fail or hang, for the 503 rows).
+#![allow(clippy::unwrap_used)]
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, Method, Request, StatusCode, header};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idempotency_core::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    Scope, StoreError, StoredResponse,
+};
+use idempotency_memory::MemoryStore;
+use idempotency_tower::{IdempotencyLayer, Profile};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+#[derive(Clone)]
+struct User(&'static str);
+
+fn app_with<S: IdempotencyStore + 'static>(
+    configure: impl FnOnce(
+        idempotency_tower::IdempotencyLayerBuilder<S, idempotency_tower::ScopeSet>,
+    )
+        -> idempotency_tower::IdempotencyLayerBuilder<S, idempotency_tower::ScopeSet>,
+    store: S,
+    runs: Arc<AtomicUsize>,
+) -> Router {
+    let layer = configure(IdempotencyLayer::builder(store).scope_with(|req| {
+        req.extensions
+            .get::<User>()
+            .map(|u| Scope::new(u.0).unwrap())
+    }))
+    .build();
+    let r = runs.clone();
+    Router::new()
+        .route(
+            "/tasks",
+            post(move |body: Bytes| {
+                let runs = r.clone();
+                async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    let mut response = axum::response::Response::new(Body::from(format!(
+                        "{{\"run\":{n},\"echo\":{}}}",
+                        String::from_utf8_lossy(&body)
+                    )));
+                    *response.status_mut() = StatusCode::CREATED;
+                    let h = response.headers_mut();
+                    h.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    h.insert(header::LOCATION, HeaderValue::from_static("/tasks/1"));
+                    h.append("x-multi", HeaderValue::from_static("a"));
+                    h.append("x-multi", HeaderValue::from_static("b"));
+                    h.insert(header::SET_COOKIE, HeaderValue::from_static("s=secret"));
+                    response
+                }
+            })
+            .get(|| async { "listing" }),
+        )
+        .route(
+            "/slow",
+            post({
+                let runs = runs.clone();
+                move || {
+                    let runs = runs.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        (StatusCode::CREATED, "slow done")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/fail",
+            post({
+                let runs = runs.clone();
+                move || {
+                    let runs = runs.clone();
+                    async move {
+                        let n = runs.fetch_add(1, Ordering::SeqCst);
+                        if n == 0 {
+                            (StatusCode::SERVICE_UNAVAILABLE, "try later")
+                        } else {
+                            (StatusCode::CREATED, "worked")
+                        }
+                    }
+                }
+            }),
+        )
+        .route(
+            "/panic",
+            post({
+                let runs = runs.clone();
+                move || {
+                    let runs = runs.clone();
+                    async move {
+                        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                            panic!("handler panics on its first run");
+                        }
+                        (StatusCode::CREATED, "second run")
+                    }
+                }
+            }),
+        )
+        .route("/big", post(|| async { vec![7u8; 64 * 1024] }))
+        .route("/health", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn app(runs: Arc<AtomicUsize>) -> Router {
+    app_with(|b| b, MemoryStore::default(), runs)
+}
+
+fn request(
+    method: Method,
+    uri: &str,
+    key: Option<&str>,
+    user: Option<&'static str>,
+    body: &str,
+) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(uri);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    let mut req = builder.body(Body::from(body.to_owned())).unwrap();
+    if let Some(user) = user {
+        req.extensions_mut().insert(User(user));
+    }
+    req
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    let response = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+fn problem(body: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap()
+}
+
+#[tokio::test]
+async fn first_request_runs_and_the_retry_replays_byte_for_byte() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let first = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("alice"),
+            r#"{"title":"x"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert!(first.1.get("idempotent-replayed").is_none());
+    // The client re-serialises the same JSON on retry: canonical fingerprints still match.
+    let retry = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(&format!("\"{KEY}\"")),
+            Some("alice"),
+            "{ \"title\" : \"x\" }",
+        ),
+    )
+    .await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the retry must not run the handler"
+    );
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert_eq!(
+        retry.2, first.2,
+        "the replayed body must be byte for byte the first"
+    );
+    assert_eq!(retry.1.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(retry.1.get(header::LOCATION).unwrap(), "/tasks/1");
+    assert_eq!(
+        retry.1.get(header::CONTENT_TYPE).unwrap(),
+        "application/json"
+    );
+    let multi: Vec<_> = retry.1.get_all("x-multi").iter().collect();
+    assert_eq!(multi, ["a", "b"]);
+    assert!(
+        retry.1.get(header::SET_COOKIE).is_none(),
+        "Set-Cookie is never replayed"
+    );
+}
+
+#[tokio::test]
+async fn methods_not_covered_pass_through_untouched() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs);
+    let (status, headers, body) = send(
+        &app,
+        request(Method::GET, "/tasks", Some("not-even-a-uuid"), None, ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "listing");
+    assert!(headers.get("idempotent-replayed").is_none());
+}
+
+#[tokio::test]
+async fn missing_malformed_and_repeated_keys_are_400_problems() {
+    let app = app(Arc::new(AtomicUsize::new(0)));
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/tasks", None, Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        headers.get(header::CONTENT_TYPE).unwrap(),
+        "application/problem+json"
+    );
+    let p = problem(&body);
+    assert_eq!(p["type"], "urn:idempotency:problem:key-missing");
+    assert_eq!(p["status"], 400);
+    for bad in [
+        "not-a-uuid",
+        "\"unterminated",
+        "c232ab00-9414-11ec-b3c8-9f68deced846",
+    ] {
+        let (status, _, body) = send(
+            &app,
+            request(Method::POST, "/tasks", Some(bad), Some("alice"), "{}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(
+            problem(&body)["type"],
+            "urn:idempotency:problem:key-invalid"
+        );
+    }
+    let mut req = request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}");
+    req.headers_mut()
+        .append("idempotency-key", HeaderValue::from_static(KEY));
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:key-repeated"
+    );
+    let too_long = "a".repeat(300);
+    let layer_app = app_with(
+        |b| b.key_format(idempotency_core::KeyFormat::opaque()),
+        MemoryStore::default(),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (status, _, body) = send(
+        &layer_app,
+        request(Method::POST, "/tasks", Some(&too_long), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(problem(&body)["detail"].as_str().unwrap().contains("255"));
+}
+
+#[tokio::test]
+async fn a_request_without_a_principal_is_401() {
+    let app = app(Arc::new(AtomicUsize::new(0)));
+    let (status, _, body) =
+        send(&app, request(Method::POST, "/tasks", Some(KEY), None, "{}")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:scope-missing"
+    );
+}
+
+#[tokio::test]
+async fn a_different_request_with_the_same_key_is_422_and_stripe_says_400() {
+    for (profile, status, code) in [
+        (
+            Profile::Ietf,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+        ),
+        (
+            Profile::Stripe,
+            StatusCode::BAD_REQUEST,
+            "idempotency_error",
+        ),
+    ] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app_with(|b| b.profile(profile), MemoryStore::default(), runs.clone());
+        send(
+            &app,
+            request(
+                Method::POST,
+                "/tasks",
+                Some(KEY),
+                Some("alice"),
+                r#"{"title":"a"}"#,
+            ),
+        )
+        .await;
+        let (got, _, body) = send(
+            &app,
+            request(
+                Method::POST,
+                "/tasks",
+                Some(KEY),
+                Some("alice"),
+                r#"{"title":"b"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(got, status);
+        assert_eq!(problem(&body)["code"], code);
+        assert!(
+            !String::from_utf8_lossy(&body).contains("run"),
+            "never the other response"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[tokio::test]
+async fn another_user_with_the_same_key_runs_separately() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let a = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("alice"),
+            r#"{"title":"a"}"#,
+        ),
+    )
+    .await;
+    let b = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("bob"),
+            r#"{"title":"a"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_ne!(a.2, b.2);
+    assert!(b.1.get("idempotent-replayed").is_none());
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_gets_409_with_retry_after() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.lease(Duration::from_secs(30)),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            send(
+                &app,
+                request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let retry_after: u64 = headers
+        .get(header::RETRY_AFTER)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (29..=30).contains(&retry_after),
+        "Retry-After {retry_after} must come from the lease"
+    );
+    assert_eq!(problem(&body)["type"], "urn:idempotency:problem:in-flight");
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn with_a_wait_bound_the_duplicate_gets_the_first_response() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.in_flight_wait(Duration::from_secs(5)),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            send(
+                &app,
+                request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "slow done");
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    first.await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413_and_nothing_is_stored() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.max_request_body(16),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let (status, _, body) = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("alice"),
+            &"x".repeat(17),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:body-too-large"
+    );
+    // The same key is still free.
+    let (status, _, _) = send(
+        &app,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_5xx_releases_the_key_and_the_retry_runs() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let (status, _, _) = send(
+        &app,
+        request(Method::POST, "/fail", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/fail", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "worked");
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_gives_500_and_releases_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let (status, _, body) = send(
+        &app,
+        request(Method::POST, "/panic", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:handler-failed"
+    );
+    // The release runs in the background; the retry may briefly see the claim.
+    let mut last = None;
+    for _ in 0..100 {
+        let (status, _, body) = send(
+            &app,
+            request(Method::POST, "/panic", Some(KEY), Some("alice"), ""),
+        )
+        .await;
+        if status != StatusCode::CONFLICT {
+            last = Some((status, body));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = last.expect("the key was never released");
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "second run");
+}
+
+#[tokio::test]
+async fn a_disconnected_client_does_not_stop_the_handler_and_the_retry_replays() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    // The client gives up after 50 ms; the handler needs 300 ms.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        app.clone()
+            .oneshot(request(Method::POST, "/slow", Some(KEY), Some("alice"), "")),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the request future must have been dropped mid-handler"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran to the end");
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "slow done");
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_response_over_the_storage_cap_is_sent_whole_and_replayed_without_its_body() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.max_stored_response_body(1024),
+        MemoryStore::default(),
+        runs,
+    );
+    let (status, _, body) = send(
+        &app,
+        request(Method::POST, "/big", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.len(), 64 * 1024, "the client gets every byte");
+    let (status, headers, body) = send(
+        &app,
+        request(Method::POST, "/big", Some(KEY), Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.is_empty());
+    assert_eq!(headers.get("idempotent-replay-body").unwrap(), "omitted");
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+}
+
+/// A store that always fails, or never answers.
+struct BrokenStore {
+    hang: bool,
+}
+
+#[async_trait]
+impl IdempotencyStore for BrokenStore {
+    fn backend(&self) -> &'static str {
+        "broken"
+    }
+    async fn claim(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: &Fingerprint,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        Err(StoreError::Unavailable {
+            backend: "broken",
+            source: "connection refused".into(),
+        })
+    }
+    async fn complete(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        unreachable_store()
+    }
+    async fn release(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        unreachable_store()
+    }
+    async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        unreachable_store()
+    }
+    async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
+        unreachable_store()
+    }
+}
+
+fn unreachable_store<T>() -> Result<T, StoreError> {
+    Err(StoreError::Unavailable {
+        backend: "broken",
+        source: "connection refused".into(),
+    })
+}
+
+#[tokio::test]
+async fn an_unreachable_store_fails_closed_with_503_or_open_when_asked() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let closed = app_with(|b| b, BrokenStore { hang: false }, runs.clone());
+    let (status, headers, body) = send(
+        &closed,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:store-unavailable"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "fail closed: the handler must not run"
+    );
+    let open = app_with(
+        |b| b.fail_open(true),
+        BrokenStore { hang: false },
+        runs.clone(),
+    );
+    let (status, _, _) = send(
+        &open,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_hanging_store_is_bounded_by_the_store_timeout() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.store_timeout(Duration::from_millis(200)),
+        BrokenStore { hang: true },
+        runs.clone(),
+    );
+    let started = std::time::Instant::now();
+    let (status, headers, _) = send(
+        &app,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.get(header::RETRY_AFTER).is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
