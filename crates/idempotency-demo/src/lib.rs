@@ -1,0 +1,276 @@
+//! ADR 009's "create task" API behind the idempotency layer.
+//!
+//! - `Authorization: Bearer <user-uuid>`: the UUID is the user (and the idempotency scope).
+//! - `POST /tasks {"title"}` -> 201 + `Location`; `GET /tasks`; `GET /tasks/{id}`;
+//!   `PATCH /tasks/{id} {"title"?, "done"?}`; `DELETE /tasks/{id}` -> 204.
+//! - `Idempotency-Key` (UUID v4) is required on POST, PATCH and DELETE, as the ADR says.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let app = idempotency_demo::build_app("memory").await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod tasks;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use bytes::Bytes;
+use idempotency::{IdempotencyLayer, IdempotencyStore, Scope};
+use serde::Deserialize;
+use std::sync::Arc;
+use tasks::{TaskStore, TaskStoreError};
+use uuid::Uuid;
+
+/// Longest task title, in characters.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// The authenticated user, put in the request extensions by the auth middleware.
+#[derive(Clone, Copy, Debug)]
+pub struct UserId(pub Uuid);
+
+impl From<UserId> for Scope {
+    fn from(user: UserId) -> Scope {
+        Scope::from(user.0)
+    }
+}
+
+/// Why the demo could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The idempotency store could not be made.
+    #[error("could not open the idempotency store")]
+    Store(#[from] idempotency::ConnectError),
+    /// The task storage could not be made.
+    #[error("could not open the task storage")]
+    Tasks(#[from] TaskStoreError),
+}
+
+/// The app on the store named by `store_url` (`memory`, `postgres://...`, `redis://...`). With
+/// PostgreSQL, tasks live in a `tasks` table in the same database, so several demo processes
+/// share tasks and keys; otherwise tasks live in this process.
+pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
+    let store = idempotency::connect(store_url).await?;
+    let tasks = if store_url.starts_with("postgres") {
+        TaskStore::postgres(store_url).await?
+    } else {
+        TaskStore::memory()
+    };
+    Ok(router(store, tasks))
+}
+
+/// The app on a given idempotency store and task storage.
+pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
+    let idempotency = IdempotencyLayer::builder(store)
+        .scope_from_extension::<UserId>()
+        .build();
+    Router::new()
+        .route("/tasks", get(list_tasks).post(create_task))
+        .route(
+            "/tasks/{id}",
+            get(get_task).patch(update_task).delete(delete_task),
+        )
+        .layer(idempotency)
+        // Added last, so it runs first: the idempotency layer needs the user.
+        .layer(middleware::from_fn(authenticate))
+        .with_state(tasks)
+}
+
+/// An RFC 9457 problem response.
+fn problem(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Response {
+    let body = serde_json::json!({
+        "type": format!("urn:idempotency-demo:problem:{slug}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        )],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Why a task request failed; each variant is one problem response.
+#[derive(Debug)]
+enum ApiError {
+    /// The body is not JSON (400).
+    MalformedJson(String),
+    /// The JSON is not a valid task or change (422).
+    InvalidTask(String),
+    /// No such task for this user (404).
+    NotFound,
+    /// The task storage failed (500).
+    Storage(TaskStoreError),
+}
+
+impl From<TaskStoreError> for ApiError {
+    fn from(e: TaskStoreError) -> Self {
+        ApiError::Storage(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::MalformedJson(detail) => problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+                "Malformed JSON",
+                detail,
+            ),
+            ApiError::InvalidTask(detail) => problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-task",
+                "Invalid task",
+                detail,
+            ),
+            ApiError::NotFound => problem(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "No such task",
+                "You have no task with this id.",
+            ),
+            ApiError::Storage(error) => {
+                tracing::error!(%error, "task storage failed");
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "storage-failed",
+                    "Task storage failed",
+                    "The task could not be read or written; retry later.",
+                )
+            }
+        }
+    }
+}
+
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let user = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|token| Uuid::parse_str(token.trim()).ok());
+    match user {
+        Some(user) => {
+            request.extensions_mut().insert(UserId(user));
+            next.run(request).await
+        }
+        None => {
+            let mut response = problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Authentication required",
+                "Send `Authorization: Bearer <your user UUID>`.",
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+    }
+}
+
+/// Parses a JSON body: malformed JSON is 400, well-formed JSON of the wrong shape is 422.
+fn parse_json<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::InvalidTask(e.to_string()),
+        _ => ApiError::MalformedJson(e.to_string()),
+    })
+}
+
+fn validate_title(title: String) -> Result<String, ApiError> {
+    let chars = title.chars().count();
+    if title.trim().is_empty() || chars > MAX_TITLE_CHARS {
+        return Err(ApiError::InvalidTask(format!(
+            "title must be 1 to {MAX_TITLE_CHARS} characters and not blank"
+        )));
+    }
+    Ok(title)
+}
+
+fn task_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::NotFound)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTask {
+    title: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskChange {
+    title: Option<String>,
+    done: Option<bool>,
+}
+
+async fn create_task(
+    State(tasks): State<TaskStore>,
+    Extension(user): Extension<UserId>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let new: NewTask = parse_json(&body)?;
+    let task = tasks.create(user.0, validate_title(new.title)?).await?;
+    let location = format!("/tasks/{}", task.id);
+    let mut response = (StatusCode::CREATED, Json(task)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    Ok(response)
+}
+
+async fn list_tasks(
+    State(tasks): State<TaskStore>,
+    Extension(user): Extension<UserId>,
+) -> Result<Response, ApiError> {
+    Ok(Json(tasks.list(user.0).await?).into_response())
+}
+
+async fn get_task(
+    State(tasks): State<TaskStore>,
+    Extension(user): Extension<UserId>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let task = tasks.get(user.0, task_id(&id)?).await?;
+    Ok(Json(task.ok_or(ApiError::NotFound)?).into_response())
+}
+
+async fn update_task(
+    State(tasks): State<TaskStore>,
+    Extension(user): Extension<UserId>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id = task_id(&id)?;
+    let change: TaskChange = parse_json(&body)?;
+    if change.title.is_none() && change.done.is_none() {
+        return Err(ApiError::InvalidTask("send `title`, `done` or both".into()));
+    }
+    let title = change.title.map(validate_title).transpose()?;
+    let task = tasks.update(user.0, id, title, change.done).await?;
+    Ok(Json(task.ok_or(ApiError::NotFound)?).into_response())
+}
+
+async fn delete_task(
+    State(tasks): State<TaskStore>,
+    Extension(user): Extension<UserId>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if tasks.delete(user.0, task_id(&id)?).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound)
+    }
+}

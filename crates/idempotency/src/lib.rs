@@ -1,0 +1,86 @@
+//! Idempotency-Key handling for Rust web services: a retried `POST`, `PATCH` or `DELETE` runs
+//! its side effect once, and the retry gets the first response back, byte for byte.
+//!
+//! Add this crate, pick a store with a feature (`memory`, the default; `postgres`; `redis`;
+//! `full`), and wrap your router in the layer:
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idempotency::{IdempotencyLayer, MemoryStore};
+//!
+//! let app: Router = Router::new()
+//!     .route("/tasks", post(|| async { "created" }))
+//!     .layer(
+//!         IdempotencyLayer::builder(MemoryStore::default())
+//!             .scope_from_extension::<uuid::Uuid>() // the user id your auth layer inserted
+//!             .build(),
+//!     );
+//! ```
+//!
+//! For several instances of a service, use a shared store: `PostgresStore` (the ADR's choice)
+//! or `RedisStore`. [`connect`] picks one from a URL at run time.
+//!
+//! Crates behind this one: [`idempotency_core`] (types, the store trait, the protocol engine),
+//! [`idempotency_tower`] (the layer), and one crate per store.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::sync::Arc;
+
+pub use idempotency_core::*;
+pub use idempotency_tower::{
+    BoxError, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
+    Profile, ScopeNotSet, ScopeSet,
+};
+
+#[cfg(feature = "memory")]
+pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "postgres")]
+pub use idempotency_postgres::{self as postgres, PostgresStore, TableMode};
+#[cfg(feature = "redis")]
+pub use idempotency_redis::{self as redis, RedisStore};
+
+/// Why [`connect`] could not make a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL's scheme names no store this build has (see the crate features).
+    #[error(
+        "unsupported store {0:?}: use `memory`, `postgres://...` (feature `postgres`) or `redis://...` (feature `redis`)"
+    )]
+    Unsupported(String),
+    /// The PostgreSQL store could not be built or migrated.
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    Postgres(#[from] idempotency_postgres::PostgresStoreError),
+    /// The Redis store could not connect.
+    #[cfg(feature = "redis")]
+    #[error(transparent)]
+    Redis(#[from] idempotency_redis::RedisStoreError),
+}
+
+/// Makes a store from a URL: `memory`, `postgres://...` / `postgresql://...` (built, then
+/// migrated), `redis://...` / `rediss://...`, or `redis+cluster://host1:port,host2:port`.
+pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, ConnectError> {
+    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+    match scheme {
+        #[cfg(feature = "memory")]
+        "memory" => Ok(Arc::new(MemoryStore::default())),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let store = PostgresStore::connect(url).build().await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(RedisStore::connect(url).build().await?)),
+        #[cfg(feature = "redis")]
+        "redis+cluster" => {
+            let nodes = url["redis+cluster://".len()..]
+                .split(',')
+                .map(|node| format!("redis://{node}"));
+            Ok(Arc::new(RedisStore::connect_cluster(nodes).build().await?))
+        }
+        _ => Err(ConnectError::Unsupported(url.to_owned())),
+    }
+}

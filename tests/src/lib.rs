@@ -1,0 +1,219 @@
+//! End-to-end scenarios: HTTP requests through the real layer into real handlers that count
+//! their side effects, on each store against its real server. `tests/e2e.rs` runs every scenario
+//! per store.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore, PostgresStore, RedisStore};
+use idempotency_conformance::env::{postgres_url, redis_url, server_unreachable};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// Which store a scenario runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// In-process moka.
+    Memory,
+    /// The shared PostgreSQL server, a fresh schema per scenario.
+    Postgres,
+    /// The shared Redis server, a fresh key prefix per scenario.
+    Redis,
+}
+
+/// A fresh place in a backend: stores made from one namespace share records (except memory,
+/// where every store is its own process-local map, as in production).
+#[derive(Debug)]
+pub struct Namespace {
+    backend: Backend,
+    name: String,
+}
+
+impl Namespace {
+    /// A new random namespace.
+    pub fn new(backend: Backend) -> Self {
+        Namespace {
+            backend,
+            name: format!("idem_e2e_{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    /// A new store instance (its own pool or connection) on this namespace.
+    pub async fn store(&self) -> Arc<dyn IdempotencyStore> {
+        match self.backend {
+            Backend::Memory => Arc::new(MemoryStore::default()),
+            Backend::Postgres => {
+                let url = postgres_url();
+                let store = PostgresStore::connect(&url)
+                    .schema(&self.name)
+                    .pool_size(16)
+                    .build()
+                    .await
+                    .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
+                store.migrate().await.unwrap();
+                Arc::new(store)
+            }
+            Backend::Redis => {
+                let url = redis_url();
+                Arc::new(
+                    RedisStore::connect(&url)
+                        .key_prefix(format!("{}:", self.name))
+                        .build()
+                        .await
+                        .unwrap_or_else(|e| server_unreachable("Redis", &url, &e)),
+                )
+            }
+        }
+    }
+
+    /// Removes what the namespace left on the server (the Postgres schema; Redis keys expire).
+    pub async fn cleanup(self) {
+        if self.backend == Backend::Postgres {
+            let url = postgres_url();
+            let store = PostgresStore::connect(&url).build().await.unwrap();
+            let client = store.pool().get().await.unwrap();
+            client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// How many times each handler's side effect ran.
+#[derive(Clone, Debug, Default)]
+pub struct Runs {
+    /// POST /orders
+    pub orders: Arc<AtomicUsize>,
+    /// POST /flaky (503 on its first run)
+    pub flaky: Arc<AtomicUsize>,
+    /// POST /panics (panics on its first run)
+    pub panics: Arc<AtomicUsize>,
+    /// POST /slow (takes 300 ms)
+    pub slow: Arc<AtomicUsize>,
+}
+
+/// The user id the test puts where an authentication layer would.
+#[derive(Clone, Copy, Debug)]
+pub struct User(pub uuid::Uuid);
+
+impl From<User> for idempotency::Scope {
+    fn from(user: User) -> Self {
+        idempotency::Scope::from(user.0)
+    }
+}
+
+/// An app whose handlers count their side effects in `runs`.
+pub fn counting_app(store: Arc<dyn IdempotencyStore>, runs: &Runs) -> Router {
+    let layer = IdempotencyLayer::builder(store)
+        .scope_from_extension::<User>()
+        .build();
+    let orders = runs.orders.clone();
+    let flaky = runs.flaky.clone();
+    let panics = runs.panics.clone();
+    let slow = runs.slow.clone();
+    Router::new()
+        .route(
+            "/orders",
+            post(move |body: Bytes| {
+                let orders = orders.clone();
+                async move {
+                    // Widen the window in which duplicates arrive while the first one runs.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let n = orders.fetch_add(1, Ordering::SeqCst) + 1;
+                    let mut response = axum::response::Response::new(Body::from(format!(
+                        "{{\"order\":{n},\"request\":{}}}",
+                        String::from_utf8_lossy(&body)
+                    )));
+                    *response.status_mut() = StatusCode::CREATED;
+                    let headers = response.headers_mut();
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    headers.insert(
+                        header::LOCATION,
+                        HeaderValue::from_str(&format!("/orders/{n}")).unwrap(),
+                    );
+                    response
+                }
+            }),
+        )
+        .route(
+            "/flaky",
+            post(move || {
+                let flaky = flaky.clone();
+                async move {
+                    if flaky.fetch_add(1, Ordering::SeqCst) == 0 {
+                        (StatusCode::SERVICE_UNAVAILABLE, "down")
+                    } else {
+                        (StatusCode::CREATED, "up")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/panics",
+            post(move || {
+                let panics = panics.clone();
+                async move {
+                    if panics.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("the first run panics");
+                    }
+                    (StatusCode::CREATED, "second run")
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            post(move || {
+                let slow = slow.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    slow.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "slow done")
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+/// A request as a client sends it.
+pub fn request(path: &str, key: &str, user: User, body: &str) -> Request<Body> {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    request.extensions_mut().insert(user);
+    request
+}
+
+/// Sends a request and reads the whole response.
+pub async fn send(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, Bytes) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// A fresh UUID v4 key.
+pub fn key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A fresh user.
+pub fn user() -> User {
+    User(uuid::Uuid::new_v4())
+}

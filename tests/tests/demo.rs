@@ -1,0 +1,268 @@
+//! The demo service (the ADR's task API) on each store: create, replay, 422, per-user tasks,
+//! and two demo instances sharing PostgreSQL behaving as one.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idempotency_conformance::env::{postgres_url, redis_url};
+use tower::ServiceExt;
+
+async fn call(
+    app: &Router,
+    method: Method,
+    path: &str,
+    user: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::AUTHORIZATION, format!("Bearer {user}"))
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = key {
+        builder = builder.header("Idempotency-Key", key);
+    }
+    let response = app
+        .clone()
+        .oneshot(builder.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+fn json(bytes: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+async fn the_task_api_runs_each_write_once(store_url: &str) {
+    let app = idempotency_demo::build_app(store_url).await.unwrap();
+    let user = uuid::Uuid::new_v4().to_string();
+    let key = uuid::Uuid::new_v4().to_string();
+
+    let (status, headers, body) = call(
+        &app,
+        Method::POST,
+        "/tasks",
+        &user,
+        Some(&key),
+        r#"{"title":"Buy milk"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let task = json(&body);
+    assert_eq!(task["title"], "Buy milk");
+    assert_eq!(task["done"], false);
+    let location = headers
+        .get(header::LOCATION)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(location, format!("/tasks/{}", task["id"].as_str().unwrap()));
+
+    let (status, headers, replay) = call(
+        &app,
+        Method::POST,
+        "/tasks",
+        &user,
+        Some(&key),
+        r#"{"title":"Buy milk"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(replay, body);
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+
+    let (status, _, problem) = call(
+        &app,
+        Method::POST,
+        "/tasks",
+        &user,
+        Some(&key),
+        r#"{"title":"Buy bread"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(json(&problem)["type"], "urn:idempotency:problem:key-reused");
+
+    let (status, _, list) = call(&app, Method::GET, "/tasks", &user, None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        json(&list).as_array().unwrap().len(),
+        1,
+        "exactly one task was created"
+    );
+
+    // Another user sees none of it.
+    let (_, _, other) = call(
+        &app,
+        Method::GET,
+        "/tasks",
+        &uuid::Uuid::new_v4().to_string(),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(json(&other).as_array().unwrap().len(), 0);
+
+    // PATCH and DELETE are idempotent too, and require a key.
+    let (status, _, _) = call(
+        &app,
+        Method::PATCH,
+        &location,
+        &user,
+        None,
+        r#"{"done":true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let patch_key = uuid::Uuid::new_v4().to_string();
+    let (status, _, patched) = call(
+        &app,
+        Method::PATCH,
+        &location,
+        &user,
+        Some(&patch_key),
+        r#"{"done":true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&patched)["done"], true);
+    let delete_key = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        call(
+            &app,
+            Method::DELETE,
+            &location,
+            &user,
+            Some(&delete_key),
+            ""
+        )
+        .await
+        .0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, headers, _) = call(
+        &app,
+        Method::DELETE,
+        &location,
+        &user,
+        Some(&delete_key),
+        "",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "a retried DELETE replays its 204, not a 404"
+    );
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    let other_key = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        call(&app, Method::DELETE, &location, &user, Some(&other_key), "")
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+
+    // Validation and authentication answers.
+    let k = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        call(&app, Method::POST, "/tasks", &user, Some(&k), "{not json")
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    let k = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            "/tasks",
+            &user,
+            Some(&k),
+            r#"{"title":""}"#
+        )
+        .await
+        .0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let k = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            "/tasks",
+            "not-a-uuid",
+            Some(&k),
+            r#"{"title":"x"}"#
+        )
+        .await
+        .0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_on_memory() {
+    the_task_api_runs_each_write_once("memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_on_postgres() {
+    the_task_api_runs_each_write_once(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_on_redis() {
+    the_task_api_runs_each_write_once(&redis_url()).await;
+}
+
+/// Two demo processes on one PostgreSQL database share tasks and keys: 32 concurrent creates
+/// with one key, split between them, make one task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_demo_instances_on_postgres_create_one_task() {
+    let url = postgres_url();
+    let a = idempotency_demo::build_app(&url).await.unwrap();
+    let b = idempotency_demo::build_app(&url).await.unwrap();
+    let user = uuid::Uuid::new_v4().to_string();
+    let key = uuid::Uuid::new_v4().to_string();
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let app = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let (user, key) = (user.clone(), key.clone());
+            tokio::spawn(async move {
+                call(
+                    &app,
+                    Method::POST,
+                    "/tasks",
+                    &user,
+                    Some(&key),
+                    r#"{"title":"once"}"#,
+                )
+                .await
+                .0
+            })
+        })
+        .collect();
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(
+            matches!(status, StatusCode::CREATED | StatusCode::CONFLICT),
+            "{status}"
+        );
+    }
+    let (_, _, list_a) = call(&a, Method::GET, "/tasks", &user, None, "").await;
+    let (_, _, list_b) = call(&b, Method::GET, "/tasks", &user, None, "").await;
+    assert_eq!(json(&list_a).as_array().unwrap().len(), 1);
+    assert_eq!(list_a, list_b);
+}
