@@ -32,7 +32,7 @@ mod schema;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use idempotency_core::{
     ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
     LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
@@ -168,8 +168,12 @@ impl PostgresStoreBuilder {
                         recycling_method: RecyclingMethod::Fast,
                     },
                 );
+                // LIFO hands out the connection used last: at low concurrency every step
+                // reuses one warm connection (and one warm backend process) instead of
+                // rotating through the whole pool.
                 Pool::builder(manager)
                     .max_size(self.pool_size)
+                    .queue_mode(QueueMode::Lifo)
                     .runtime(Runtime::Tokio1)
                     .wait_timeout(Some(self.connect_timeout))
                     .create_timeout(Some(self.connect_timeout))
@@ -230,6 +234,24 @@ impl fmt::Debug for PostgresStore {
             .field("mode", &self.inner.mode)
             .finish_non_exhaustive()
     }
+}
+
+/// The SQL text of each store step; parameters are documented on each field.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct StatementsSql<'a> {
+    /// `$1` scope, `$2` key, `$3` fingerprint bytes, `$4` token (uuid), `$5` lease seconds
+    /// (float8).
+    pub claim: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` status (int4), `$5` response bytes, `$6` retention
+    /// seconds (float8).
+    pub complete: &'a str,
+    /// `$1` scope, `$2` key, `$3` token.
+    pub release: &'a str,
+    /// `$1` scope, `$2` key.
+    pub get: &'a str,
+    /// `$1` batch size (int8).
+    pub purge: &'a str,
 }
 
 /// What [`PostgresStore::migrate`] did.
@@ -306,6 +328,19 @@ impl PostgresStore {
     /// The table mode.
     pub fn table_mode(&self) -> TableMode {
         self.inner.mode
+    }
+
+    /// The SQL of each store step, as rendered for this table (for `EXPLAIN`, for DBAs, and for
+    /// the benchmark that runs the same statements without the library).
+    pub fn statements(&self) -> StatementsSql<'_> {
+        let s = &self.inner.statements;
+        StatementsSql {
+            claim: &s.claim,
+            complete: &s.complete,
+            release: &s.release,
+            get: &s.get,
+            purge: &s.purge,
+        }
     }
 
     /// The schema of the table.

@@ -49,12 +49,23 @@ const BACKEND: &str = "redis";
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idempotency:";
 
-static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
-static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/complete.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
-static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/get.lua")));
+/// The Lua source of each store step (for review, and for the benchmark that runs the same
+/// scripts without the library).
+pub mod scripts {
+    /// Claim: `KEYS[1]` record; `ARGV` fingerprint, token, lease ms.
+    pub const CLAIM: &str = include_str!("../lua/claim.lua");
+    /// Complete: `KEYS[1]` record; `ARGV` token, response bytes, retention ms.
+    pub const COMPLETE: &str = include_str!("../lua/complete.lua");
+    /// Release: `KEYS[1]` record; `ARGV` token.
+    pub const RELEASE: &str = include_str!("../lua/release.lua");
+    /// Get: `KEYS[1]` record.
+    pub const GET: &str = include_str!("../lua/get.lua");
+}
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
+static GET: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::GET));
 
 /// Why the Redis store could not be built.
 #[derive(Debug, thiserror::Error)]

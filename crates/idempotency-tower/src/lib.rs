@@ -33,8 +33,9 @@
 //! | handler panics | 500 problem+json, key released |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
-//! The handler runs in its own task: a client that disconnects does not cut its side effect in
-//! half, and its response is still stored for the retry.
+//! A client that disconnects does not cut the handler's side effect in half: the handler runs
+//! inline, and is moved to its own task if the request future is dropped; its response is still
+//! stored for the retry.
 //!
 //! # Observability
 //! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never
@@ -45,6 +46,7 @@
 //! the histogram `idempotency_store_duration_seconds{backend, op}`.
 
 mod body;
+mod detach;
 mod layer;
 mod problem;
 mod service;

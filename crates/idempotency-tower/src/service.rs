@@ -3,6 +3,7 @@
 use crate::body::{
     BoxError, IdempotencyBody, Kept, ReadError, boxed, full, keep_up_to, read_limited,
 };
+use crate::detach::DetachOnDrop;
 use crate::layer::{ScopeSource, Shared};
 use crate::problem::Problem;
 use bytes::Bytes;
@@ -249,8 +250,9 @@ where
     .await
 }
 
-/// Runs the handler in its own task, so a client that disconnects cannot cut its side effect
-/// in half, and stores its response from that task.
+/// Runs the handler and stores its response. It runs in the caller's task; if the client
+/// disconnects first, it is moved to its own task and still runs to the end, so a side effect is
+/// never cut in half and its response is still stored for the retry.
 async fn run_once<Inner, S, B, ResB>(
     mut inner: Inner,
     shared: Arc<Shared<S>>,
@@ -267,7 +269,7 @@ where
     S: IdempotencyStore + 'static,
 {
     let outer = Arc::clone(&shared);
-    let task = tokio::spawn(
+    let run = DetachOnDrop::new(
         async move {
             let settings = &shared.settings;
             let backend = shared.engine.store().backend();
@@ -328,13 +330,10 @@ where
         }
         .in_current_span(),
     );
-    match task.await {
+    match run.await {
         Ok(result) => result,
-        Err(join_error) => {
-            tracing::error!(
-                panic = join_error.is_panic(),
-                "the handler failed; its key is released"
-            );
+        Err(_panic) => {
+            tracing::error!("the handler panicked; its key is released");
             count("handler_failed");
             let settings = &outer.settings;
             Ok(Problem::HandlerPanicked

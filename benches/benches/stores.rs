@@ -1,0 +1,125 @@
+//! Each store step on every reachable store, side by side: `cargo bench -p idempotency-bench
+//! --bench stores`. Unreachable stores are skipped with one line each.
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use idempotency::{ClaimOutcome, IdempotencyStore, LeaseToken};
+use idempotency_bench::{
+    Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_scope,
+    connect, fresh_key,
+};
+use std::time::{Duration, Instant};
+
+fn stores(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let servers = Servers::default();
+    let mut connected: Vec<(Target, Connected)> = Vec::new();
+    for target in Target::ALL {
+        match runtime.block_on(connect(target, &servers, 4)) {
+            Ok(store) => connected.push((target, store)),
+            Err(why) => eprintln!("skipping {}: {why}", target.name()),
+        }
+    }
+    let scope = bench_scope();
+    let fp = bench_fingerprint();
+    let response = bench_response();
+
+    let mut group = c.benchmark_group("claim_fresh");
+    for (target, store) in &connected {
+        let store = &store.store;
+        group.bench_function(BenchmarkId::from_parameter(target.name()), |b| {
+            b.to_async(&runtime).iter(|| async {
+                let outcome = store
+                    .claim(&scope, &fresh_key(), &fp, LeaseToken::new(), LEASE)
+                    .await;
+                assert!(matches!(outcome, Ok(ClaimOutcome::Claimed)));
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("complete");
+    for (target, store) in &connected {
+        let store = &store.store;
+        group.bench_function(BenchmarkId::from_parameter(target.name()), |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let (scope, response) = (scope.clone(), response.clone());
+                async move {
+                    let mut measured = Duration::ZERO;
+                    for _ in 0..iters {
+                        let (key, token) = (fresh_key(), LeaseToken::new());
+                        let _ = store.claim(&scope, &key, &fp, token, LEASE).await;
+                        let started = Instant::now();
+                        let done = store
+                            .complete(&scope, &key, token, &response, RETENTION)
+                            .await;
+                        measured += started.elapsed();
+                        assert!(done.is_ok());
+                    }
+                    measured
+                }
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("replay");
+    for (target, store) in &connected {
+        let store = &store.store;
+        let key = fresh_key();
+        let token = LeaseToken::new();
+        runtime.block_on(async {
+            let _ = store.claim(&scope, &key, &fp, token, LEASE).await;
+            let _ = store
+                .complete(&scope, &key, token, &response, RETENTION)
+                .await;
+        });
+        group.bench_function(BenchmarkId::from_parameter(target.name()), |b| {
+            b.to_async(&runtime).iter(|| async {
+                // A retry's claim finds the completed record: the replay path, one round trip.
+                let outcome = store
+                    .claim(&scope, &key, &fp, LeaseToken::new(), LEASE)
+                    .await;
+                assert!(matches!(outcome, Ok(ClaimOutcome::Existing(_))));
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("release");
+    for (target, store) in &connected {
+        let store = &store.store;
+        group.bench_function(BenchmarkId::from_parameter(target.name()), |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let scope = scope.clone();
+                async move {
+                    let mut measured = Duration::ZERO;
+                    for _ in 0..iters {
+                        let (key, token) = (fresh_key(), LeaseToken::new());
+                        let _ = store.claim(&scope, &key, &fp, token, LEASE).await;
+                        let started = Instant::now();
+                        let released = store.release(&scope, &key, token).await;
+                        measured += started.elapsed();
+                        assert!(released.is_ok());
+                    }
+                    measured
+                }
+            })
+        });
+    }
+    group.finish();
+
+    for (_, store) in &connected {
+        runtime.block_on(store.cleanup());
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = stores
+}
+criterion_main!(benches);

@@ -1,0 +1,362 @@
+//! What the benches and the report share: the stores under test, how to reach them, and the
+//! same statements sent without the library (the floor).
+
+use bytes::Bytes;
+use idempotency::postgres::tokio_postgres::{self, NoTls};
+use idempotency::redis::redis;
+use idempotency::{
+    BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+    MemoryStore, PostgresStore, RedisStore, Scope, StoredResponse, TableMode,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An error and its sources, as one line.
+pub fn err(e: impl std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    message
+}
+
+/// A store (and table mode) under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// In-process moka.
+    Memory,
+    /// Redis single node.
+    Redis,
+    /// PostgreSQL in one of the table modes.
+    Postgres(TableMode),
+}
+
+impl Target {
+    /// Every target, memory first.
+    pub const ALL: [Target; 5] = [
+        Target::Memory,
+        Target::Redis,
+        Target::Postgres(TableMode::Unlogged),
+        Target::Postgres(TableMode::Logged),
+        Target::Postgres(TableMode::LoggedAsyncCommit),
+    ];
+
+    /// The id used in benchmark names and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Memory => "memory",
+            Target::Redis => "redis",
+            Target::Postgres(TableMode::Unlogged) => "postgres_unlogged",
+            Target::Postgres(TableMode::Logged) => "postgres_logged",
+            Target::Postgres(TableMode::LoggedAsyncCommit) => "postgres_logged_async_commit",
+        }
+    }
+}
+
+/// Where the servers are: the same environment variables and defaults as the tests.
+#[derive(Clone, Debug)]
+pub struct Servers {
+    /// PostgreSQL URL.
+    pub postgres: String,
+    /// Redis URL.
+    pub redis: String,
+}
+
+impl Default for Servers {
+    fn default() -> Self {
+        Servers {
+            postgres: std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+            redis: std::env::var("IDEMPOTENCY_TEST_REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        }
+    }
+}
+
+/// A connected store, and what is needed to clean up after it.
+#[allow(missing_debug_implementations)]
+pub struct Connected {
+    /// The store as the library uses it.
+    pub store: Arc<dyn IdempotencyStore>,
+    /// The Postgres store, for its pool and SQL.
+    pub postgres: Option<PostgresStore>,
+    /// The Redis key prefix, for the floor.
+    pub redis_prefix: Option<String>,
+}
+
+/// The schema a benchmark uses for one table mode.
+pub fn bench_schema(mode: TableMode) -> String {
+    format!("idem_bench_{}", mode.name())
+}
+
+/// Connects to a target (migrating a fresh bench schema for Postgres), or says why it cannot.
+pub async fn connect(
+    target: Target,
+    servers: &Servers,
+    pool_size: usize,
+) -> Result<Connected, String> {
+    match target {
+        Target::Memory => Ok(Connected {
+            store: Arc::new(
+                MemoryStore::builder()
+                    .max_stored_bytes(1 << 30)
+                    .max_in_flight(1 << 20)
+                    .build(),
+            ),
+            postgres: None,
+            redis_prefix: None,
+        }),
+        Target::Redis => {
+            let prefix = format!("idem-bench:{}:", uuid::Uuid::new_v4().simple());
+            let store = RedisStore::connect(&servers.redis)
+                .key_prefix(&prefix)
+                .build()
+                .await
+                .map_err(|e| format!("Redis at {} unreachable: {e}", servers.redis))?;
+            Ok(Connected {
+                store: Arc::new(store),
+                postgres: None,
+                redis_prefix: Some(prefix),
+            })
+        }
+        Target::Postgres(mode) => {
+            let schema = bench_schema(mode);
+            let store = PostgresStore::connect(&servers.postgres)
+                .schema(&schema)
+                .table_mode(mode)
+                .pool_size(pool_size)
+                .build()
+                .await
+                .map_err(|e| format!("PostgreSQL at {} unusable: {e}", servers.postgres))?;
+            let client = store.pool().get().await.map_err(err)?;
+            client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await
+                .map_err(err)?;
+            drop(client);
+            store.migrate().await.map_err(err)?;
+            Ok(Connected {
+                store: Arc::new(store.clone()),
+                postgres: Some(store),
+                redis_prefix: None,
+            })
+        }
+    }
+}
+
+impl Connected {
+    /// Drops the bench schema (Postgres); Redis keys expire by themselves.
+    pub async fn cleanup(&self) {
+        if let Some(pg) = &self.postgres
+            && let Ok(client) = pg.pool().get().await
+        {
+            let _ = client
+                .batch_execute(&format!(
+                    "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                    pg.schema()
+                ))
+                .await;
+        }
+    }
+}
+
+/// A fresh random key.
+pub fn fresh_key() -> IdempotencyKey {
+    let mut buf = uuid::Uuid::encode_buffer();
+    let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    IdempotencyKey::parse(text.as_bytes(), KeyFormat::UuidV4)
+        .unwrap_or_else(|_| unreachable!("a v4 UUID is a valid key"))
+}
+
+/// The scope every bench request uses.
+pub fn bench_scope() -> Scope {
+    Scope::from(uuid::Uuid::from_u128(
+        0x6f1c2e0a_5d4b_4c3e_9a8f_1b2c3d4e5f60,
+    ))
+}
+
+/// A typical request's fingerprint.
+pub fn bench_fingerprint() -> Fingerprint {
+    Fingerprint::of_request(
+        "POST",
+        "/tasks",
+        br#"{"title":"Buy milk"}"#,
+        BodyCanonicalization::Json,
+    )
+}
+
+/// A typical stored response: a created task, about 200 bytes.
+pub fn bench_response() -> StoredResponse {
+    let mut headers = idempotency::http::HeaderMap::new();
+    headers.insert(
+        idempotency::http::header::CONTENT_TYPE,
+        idempotency::http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        idempotency::http::header::LOCATION,
+        idempotency::http::HeaderValue::from_static("/tasks/a999fb56-95bd-4f11-8498-c878d3824f21"),
+    );
+    StoredResponse::new(
+        idempotency::http::StatusCode::CREATED,
+        headers,
+        Bytes::from_static(
+            br#"{"id":"a999fb56-95bd-4f11-8498-c878d3824f21","title":"Buy milk","done":false,"created_at":"2026-11-29T13:37:24.318269Z"}"#,
+        ),
+    )
+}
+
+/// Lease and retention used by the benches.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// Retention used by the benches.
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The floor: the store's own statements sent with the driver directly, no library in between.
+/// (The Redis key name is built the same way the store builds it; bench scopes and keys are
+/// UUIDs, which need no escaping.)
+#[allow(missing_debug_implementations)]
+pub enum Raw {
+    /// One tokio-postgres connection with the claim and complete statements prepared.
+    Postgres {
+        /// The connection.
+        client: tokio_postgres::Client,
+        /// Prepared claim.
+        claim: tokio_postgres::Statement,
+        /// Prepared complete.
+        complete: tokio_postgres::Statement,
+    },
+    /// One multiplexed Redis connection and the store's scripts.
+    Redis {
+        /// The connection.
+        connection: redis::aio::MultiplexedConnection,
+        /// Claim script.
+        claim: redis::Script,
+        /// Complete script.
+        complete: redis::Script,
+        /// Key prefix.
+        prefix: String,
+    },
+}
+
+impl Raw {
+    /// Opens the floor for a connected Postgres or Redis target.
+    pub async fn open(connected: &Connected, servers: &Servers) -> Result<Option<Raw>, String> {
+        if let Some(pg) = &connected.postgres {
+            let mut config: tokio_postgres::Config = servers.postgres.parse().map_err(err)?;
+            if pg.table_mode() == TableMode::LoggedAsyncCommit {
+                config.options("-c synchronous_commit=off");
+            }
+            let (client, connection) = config.connect(NoTls).await.map_err(err)?;
+            tokio::spawn(connection);
+            let claim = client.prepare(pg.statements().claim).await.map_err(err)?;
+            let complete = client
+                .prepare(pg.statements().complete)
+                .await
+                .map_err(err)?;
+            return Ok(Some(Raw::Postgres {
+                client,
+                claim,
+                complete,
+            }));
+        }
+        if let Some(prefix) = &connected.redis_prefix {
+            let client = redis::Client::open(servers.redis.as_str()).map_err(err)?;
+            let connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(err)?;
+            return Ok(Some(Raw::Redis {
+                connection,
+                claim: redis::Script::new(idempotency::redis::scripts::CLAIM),
+                complete: redis::Script::new(idempotency::redis::scripts::COMPLETE),
+                prefix: prefix.clone(),
+            }));
+        }
+        Ok(None)
+    }
+
+    /// One claim and one complete of a fresh key, as the store sends them.
+    pub async fn claim_complete(&mut self, key: &str, response: &[u8]) -> Result<(), String> {
+        let scope = bench_scope();
+        let fp = bench_fingerprint().to_bytes();
+        let token = LeaseToken::new();
+        match self {
+            Raw::Postgres {
+                client,
+                claim,
+                complete,
+            } => {
+                client
+                    .query(
+                        &*claim,
+                        &[
+                            &scope.as_str(),
+                            &key,
+                            &&fp[..],
+                            &token.as_uuid(),
+                            &LEASE.as_secs_f64(),
+                        ],
+                    )
+                    .await
+                    .map_err(err)?;
+                client
+                    .execute(
+                        &*complete,
+                        &[
+                            &scope.as_str(),
+                            &key,
+                            &token.as_uuid(),
+                            &201i32,
+                            &response,
+                            &RETENTION.as_secs_f64(),
+                        ],
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+            Raw::Redis {
+                connection,
+                claim,
+                complete,
+                prefix,
+            } => {
+                let name = format!("{prefix}{{{}:{key}}}", scope.as_str());
+                let _: redis::Value = claim
+                    .key(&name)
+                    .arg(&fp[..])
+                    .arg(&token.as_bytes()[..])
+                    .arg(LEASE.as_millis() as u64)
+                    .invoke_async(connection)
+                    .await
+                    .map_err(err)?;
+                let _: i64 = complete
+                    .key(&name)
+                    .arg(&token.as_bytes()[..])
+                    .arg(response)
+                    .arg(RETENTION.as_millis() as u64)
+                    .invoke_async(connection)
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One trivial round trip: `SELECT 1` or `PING`.
+    pub async fn ping(&mut self) -> Result<(), String> {
+        match self {
+            Raw::Postgres { client, .. } => client
+                .simple_query("SELECT 1")
+                .await
+                .map(|_| ())
+                .map_err(err),
+            Raw::Redis { connection, .. } => redis::cmd("PING")
+                .query_async::<String>(connection)
+                .await
+                .map(|_| ())
+                .map_err(err),
+        }
+    }
+}
