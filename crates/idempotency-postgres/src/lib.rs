@@ -32,7 +32,7 @@ mod schema;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use idempotency_core::{
     ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
     LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
@@ -40,6 +40,7 @@ use idempotency_core::{
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_postgres::{NoTls, Row};
 
@@ -138,8 +139,10 @@ impl PostgresStoreBuilder {
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
         let name = TableName::new(&self.schema, &self.table)?;
         Ok(format!(
-            "{}\n-- Only where the pg_cron extension is installed:\n{}",
+            "{}\n-- The state sentinel: a row that never expires, whose absence tells the store that \
+             the table was emptied.\n{};\n\n-- Only where the pg_cron extension is installed:\n{}",
             schema::render_create_table(&name, self.mode),
+            schema::sentinel_sql(&name),
             schema::render_schedule_purge(&name, &self.purge_schedule)
         ))
     }
@@ -148,6 +151,11 @@ impl PostgresStoreBuilder {
     /// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
     pub async fn build(self) -> Result<PostgresStore, PostgresStoreError> {
         let name = TableName::new(&self.schema, &self.table)?;
+        let watch = Arc::new(StateWatch {
+            sentinel: schema::sentinel_sql(&name),
+            table: name.qualified(),
+            losses: AtomicU64::new(0),
+        });
         let pool = match self.source {
             Source::Pool(pool) => pool,
             Source::Url(url) => {
@@ -171,9 +179,19 @@ impl PostgresStoreBuilder {
                 // LIFO hands out the connection used last: at low concurrency every step
                 // reuses one warm connection (and one warm backend process) instead of
                 // rotating through the whole pool.
+                let hook_watch = Arc::clone(&watch);
                 Pool::builder(manager)
                     .max_size(self.pool_size)
                     .queue_mode(QueueMode::Lifo)
+                    // Every new connection checks the sentinel: after a crash every connection
+                    // is new, so the first one notices that the table was emptied.
+                    .post_create(Hook::async_fn(move |client, _| {
+                        let watch = Arc::clone(&hook_watch);
+                        Box::pin(async move {
+                            watch.check(client).await;
+                            Ok(())
+                        })
+                    }))
                     .runtime(Runtime::Tokio1)
                     .wait_timeout(Some(self.connect_timeout))
                     .create_timeout(Some(self.connect_timeout))
@@ -203,6 +221,7 @@ impl PostgresStoreBuilder {
         drop(client);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
+                watch,
                 statements: Statements::new(&name),
                 name,
                 mode: self.mode,
@@ -213,7 +232,36 @@ impl PostgresStoreBuilder {
     }
 }
 
+/// Notices that the table lost its rows: a sentinel row that never expires is re-inserted when
+/// missing, and each re-insertion counts as one loss.
+struct StateWatch {
+    sentinel: String,
+    table: String,
+    losses: AtomicU64,
+}
+
+impl StateWatch {
+    /// Re-inserts the sentinel if missing; reports whether it was. Errors (the table does not
+    /// exist yet, before `migrate`) are not losses.
+    async fn check(&self, client: &tokio_postgres::Client) -> Option<bool> {
+        let lost = !client.query(&self.sentinel, &[]).await.ok()?.is_empty();
+        if lost {
+            self.losses.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("idempotency_store_state_lost_total", "backend" => BACKEND)
+                .increment(1);
+            tracing::error!(
+                table = %self.table,
+                "idempotency records were lost: the table was emptied (crash recovery of an UNLOGGED \
+                 table, a failover, or a TRUNCATE). Every stored response and in-flight claim made \
+                 before it is gone, so retries of those requests will run again"
+            );
+        }
+        Some(lost)
+    }
+}
+
 struct Inner {
+    watch: Arc<StateWatch>,
     pool: Pool,
     name: TableName,
     mode: TableMode,
@@ -343,6 +391,21 @@ impl PostgresStore {
         }
     }
 
+    /// Checks that the table still holds what it held: returns `true` (and logs an error and
+    /// counts it in `idempotency_store_state_lost_total`) when the table was emptied since the
+    /// last check, by crash recovery of an UNLOGGED table, a failover or a `TRUNCATE`. Pools built
+    /// by the store run this on every new connection; call it periodically on a pool you passed
+    /// in with [`PostgresStore::from_pool`].
+    pub async fn check_state(&self) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        Ok(self.inner.watch.check(&client).await.unwrap_or(false))
+    }
+
+    /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).
+    pub fn state_losses(&self) -> u64 {
+        self.inner.watch.losses.load(Ordering::Relaxed)
+    }
+
     /// The schema of the table.
     pub fn schema(&self) -> &str {
         &self.inner.name.schema
@@ -405,6 +468,8 @@ impl PostgresStore {
             tx.execute(&record, &[&version, &migration]).await?;
             applied.push(migration);
         }
+        // A fresh table gets its sentinel here, so creating it is not reported as a loss.
+        tx.query(&schema::sentinel_sql(name), &[]).await?;
         let found: i8 = tx
             .query_one(
                 "SELECT c.relpersistence::\"char\" FROM pg_class c \

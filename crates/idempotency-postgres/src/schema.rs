@@ -156,6 +156,18 @@ pub(crate) fn render_schedule_purge(name: &TableName, schedule: &str) -> String 
         .replace("{purge_command}", &literal(&name.purge_all_sql()))
 }
 
+/// Inserts the sentinel row if it is missing; returns a row only when it was missing. Its scope
+/// starts with a control character (\x01), which `Scope::new` refuses, so no caller's record can
+/// share its address; it never expires, so purges keep it.
+pub(crate) fn sentinel_sql(name: &TableName) -> String {
+    format!(
+        "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
+         VALUES (E'\\x01idempotency-state', 'sentinel', '\\x00'::bytea, 0, '\\x'::bytea, 'infinity') \
+         ON CONFLICT (user_id, key) DO NOTHING RETURNING 1",
+        name.qualified()
+    )
+}
+
 /// The SQL of every store operation, rendered once per store.
 #[derive(Debug)]
 pub(crate) struct Statements {

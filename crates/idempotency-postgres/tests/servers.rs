@@ -66,7 +66,14 @@ async fn complete_records(store: &PostgresStore, scope: &Scope, n: usize) {
 async fn count_rows(store: &PostgresStore) -> i64 {
     let client = store.pool().get().await.expect("connection");
     client
-        .query_one(&format!("SELECT count(*) FROM {}", store.table_name()), &[])
+        // Every row but the store's state sentinel (whose scope starts with \x01).
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE user_id !~ '^\x01'",
+                store.table_name()
+            ),
+            &[],
+        )
         .await
         .expect("count")
         .get(0)

@@ -39,6 +39,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -155,12 +156,22 @@ impl RedisStoreBuilder {
                 )
             }
         };
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 connection,
+                sentinel: format!("{}state-sentinel", self.prefix),
                 prefix: self.prefix,
+                needs_check: AtomicBool::new(false),
+                losses: AtomicU64::new(0),
             }),
-        })
+        };
+        // The first store on this prefix plants the sentinel; its later absence means Redis lost
+        // its data (a restart without persistence, a failover to an empty replica, a FLUSHALL).
+        store
+            .plant_sentinel()
+            .await
+            .map_err(RedisStoreError::Connect)?;
+        Ok(store)
     }
 }
 
@@ -173,6 +184,9 @@ enum Connection {
 struct Inner {
     connection: Connection,
     prefix: String,
+    sentinel: String,
+    needs_check: AtomicBool,
+    losses: AtomicU64,
 }
 
 /// The Redis store. Cheap to clone; clones share the connection.
@@ -297,21 +311,73 @@ impl RedisStore {
         name
     }
 
+    /// Sets the sentinel if it is missing; returns whether it was missing.
+    async fn plant_sentinel(&self) -> Result<bool, RedisError> {
+        let mut command = redis::cmd("SET");
+        command.arg(&self.inner.sentinel).arg(1).arg("NX");
+        let reply: Option<String> = match &self.inner.connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await?,
+            Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
+        };
+        Ok(reply.is_some())
+    }
+
+    /// Checks that Redis still holds what it held: returns `true` (and logs an error and counts
+    /// it in `idempotency_store_state_lost_total`) when the store's sentinel key is gone, which
+    /// means Redis lost its data (a restart without persistence, a failover to an empty replica,
+    /// `FLUSHALL`, or eviction under an evicting `maxmemory-policy`). The store runs it by itself
+    /// before its first call after a connection failure; call it periodically to also notice a
+    /// restart that happened while the store was idle.
+    pub async fn check_state(&self) -> Result<bool, StoreError> {
+        let lost = self.plant_sentinel().await.map_err(|e| {
+            self.inner.needs_check.store(true, Ordering::Relaxed);
+            redis_error(e)
+        })?;
+        if lost {
+            self.inner.losses.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("idempotency_store_state_lost_total", "backend" => BACKEND)
+                .increment(1);
+            tracing::error!(
+                prefix = %self.inner.prefix,
+                "idempotency records were lost: Redis no longer holds the store's sentinel key \
+                 (restart without persistence, failover, FLUSHALL or eviction). Every stored \
+                 response and in-flight claim made before it is gone, so retries of those \
+                 requests will run again"
+            );
+        }
+        Ok(lost)
+    }
+
+    /// How many times this store found Redis' data gone (see [`RedisStore::check_state`]).
+    pub fn state_losses(&self) -> u64 {
+        self.inner.losses.load(Ordering::Relaxed)
+    }
+
     async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
+        if self.inner.needs_check.swap(false, Ordering::Relaxed) {
+            self.check_state().await?;
+        }
         async fn on<C: ConnectionLike, T: redis::FromRedisValue>(
             mut connection: C,
             invocation: &redis::ScriptInvocation<'_>,
         ) -> Result<T, RedisError> {
             invocation.invoke_async(&mut connection).await
         }
-        match &self.inner.connection {
+        let result = match &self.inner.connection {
             Connection::Single(c) => on(c.clone(), invocation).await,
             Connection::Cluster(c) => on(c.clone(), invocation).await,
-        }
-        .map_err(redis_error)
+        };
+        result.map_err(|e| {
+            let error = redis_error(e);
+            if error.is_retryable() {
+                // The connection failed: Redis may come back empty. Check before the next call.
+                self.inner.needs_check.store(true, Ordering::Relaxed);
+            }
+            error
+        })
     }
 }
 

@@ -82,6 +82,12 @@ async fn store_errors_while_redis_is_down_and_recovers_after() {
         FenceOutcome::Applied
     );
     // Persistence was off: the claim made before the restart is gone (Redis' durability, not
-    // the library's; production Redis should run with appendonly yes).
+    // the library's; production Redis should run with appendonly yes), and the store noticed.
     assert_eq!(store.get(&scope, &key(0)).await.expect("get"), None);
+    assert_eq!(
+        store.state_losses(),
+        1,
+        "the loss must be noticed and counted once"
+    );
+    assert!(!store.check_state().await.expect("check"));
 }
