@@ -9,7 +9,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore, PostgresStore, RedisStore};
+use idempotency::{
+    IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyStore, MemoryStore, PostgresStore,
+    RedisStore, ScopeSet,
+};
 use idempotency_conformance::env::{postgres_url, redis_url, server_unreachable};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -97,6 +100,8 @@ pub struct Runs {
     pub panics: Arc<AtomicUsize>,
     /// POST /slow (takes 300 ms)
     pub slow: Arc<AtomicUsize>,
+    /// POST /slow-first (its first run takes 1.5 s, later runs are fast)
+    pub slow_first: Arc<AtomicUsize>,
 }
 
 /// The user id the test puts where an authentication layer would.
@@ -109,16 +114,41 @@ impl From<User> for idempotency::Scope {
     }
 }
 
-/// An app whose handlers count their side effects in `runs`.
+/// The layer builder, scope chosen, for [`counting_app_with`].
+pub type Builder = IdempotencyLayerBuilder<Arc<dyn IdempotencyStore>, ScopeSet>;
+
+/// An app whose handlers count their side effects in `runs`, with the layer's defaults.
 pub fn counting_app(store: Arc<dyn IdempotencyStore>, runs: &Runs) -> Router {
-    let layer = IdempotencyLayer::builder(store)
-        .scope_from_extension::<User>()
-        .build();
+    counting_app_with(store, runs, |b| b)
+}
+
+/// An app whose handlers count their side effects in `runs`, with the layer configured by
+/// `configure`.
+pub fn counting_app_with(
+    store: Arc<dyn IdempotencyStore>,
+    runs: &Runs,
+    configure: impl FnOnce(Builder) -> Builder,
+) -> Router {
+    let layer = configure(IdempotencyLayer::builder(store).scope_from_extension::<User>()).build();
     let orders = runs.orders.clone();
     let flaky = runs.flaky.clone();
     let panics = runs.panics.clone();
     let slow = runs.slow.clone();
+    let slow_first = runs.slow_first.clone();
     Router::new()
+        .route(
+            "/slow-first",
+            post(move || {
+                let slow_first = slow_first.clone();
+                async move {
+                    let n = slow_first.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n == 1 {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    }
+                    (StatusCode::CREATED, format!("run {n}"))
+                }
+            }),
+        )
         .route(
             "/orders",
             post(move |body: Bytes| {
@@ -206,6 +236,60 @@ pub async fn send(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMa
         parts.headers,
         body.collect().await.unwrap().to_bytes(),
     )
+}
+
+/// What a persistent client saw while sending one logical request until it succeeded.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    /// Every status received, in order.
+    pub statuses: Vec<StatusCode>,
+    /// Whether every 503 and 409 carried `Retry-After`.
+    pub retry_after_always_present: bool,
+    /// The longest single response time.
+    pub slowest: Duration,
+    /// The final 2xx body, if one came.
+    pub body: Option<Bytes>,
+}
+
+/// Sends `make()` until a 2xx arrives or `deadline` passes, like a client that retries 503 and
+/// 409 (after a short pause) and never retries once it has its answer. Each send is bounded by
+/// `per_request`; a send that takes longer fails the test.
+pub async fn send_until_done(
+    app: &Router,
+    make: impl Fn() -> Request<Body>,
+    deadline: Duration,
+    per_request: Duration,
+) -> Attempts {
+    let until = tokio::time::Instant::now() + deadline;
+    let mut attempts = Attempts {
+        retry_after_always_present: true,
+        ..Attempts::default()
+    };
+    while tokio::time::Instant::now() < until {
+        let started = tokio::time::Instant::now();
+        let (status, headers, body) = tokio::time::timeout(per_request, send(app, make()))
+            .await
+            .unwrap_or_else(|_| panic!("a request hung for more than {per_request:?}"));
+        attempts.slowest = attempts.slowest.max(started.elapsed());
+        attempts.statuses.push(status);
+        if status.is_success() {
+            attempts.body = Some(body);
+            break;
+        }
+        if matches!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::CONFLICT
+        ) {
+            attempts.retry_after_always_present &= headers.contains_key(header::RETRY_AFTER);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        } else {
+            panic!(
+                "unexpected status {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+    attempts
 }
 
 /// A fresh UUID v4 key.

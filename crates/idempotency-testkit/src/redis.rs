@@ -88,6 +88,33 @@ impl TempRedis {
         Ok(())
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered, like a
+    /// hung or partitioned server.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, signal: &str) -> io::Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the server is not running"))?
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill {signal} {pid} failed")))
+        }
+    }
+
     /// The server's port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
