@@ -3,6 +3,8 @@
 //! per store.
 #![allow(clippy::unwrap_used)]
 
+pub mod load;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};

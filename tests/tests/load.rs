@@ -1,0 +1,42 @@
+//! The load generator in its short mode, on every store: a duplicate-heavy mix over real HTTP
+//! must create exactly one task per logical request and get only allowed answers.
+
+use idempotency_conformance::env::{postgres_url, redis_url};
+use idempotency_e2e::load::{LoadConfig, run};
+
+async fn short_load(store: String) {
+    let config = LoadConfig {
+        store,
+        logical: 400,
+        concurrency: 16,
+        users: 8,
+        burst: 8,
+    };
+    let report = run(&config)
+        .await
+        .unwrap_or_else(|e| panic!("load run failed: {e}"));
+    eprintln!("{report:?}");
+    assert!(
+        report.duplicates > 400,
+        "the mix must be duplicate-heavy: {}",
+        report.duplicates
+    );
+    assert_eq!(report.double_executions, 0, "{report:?}");
+    assert_eq!(report.never_created, 0, "{report:?}");
+    assert!(report.unexpected.is_empty(), "{:?}", report.unexpected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_memory() {
+    short_load("memory".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_postgres() {
+    short_load(postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_redis() {
+    short_load(redis_url()).await;
+}
