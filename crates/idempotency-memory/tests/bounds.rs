@@ -96,3 +96,54 @@ async fn in_flight_claims_survive_cache_pressure_and_the_limit_fails_closed() {
         );
     }
 }
+
+/// A million distinct keys through the store: the completed records never exceed the byte
+/// bound, and the in-flight map holds nothing once every request completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_keys_stay_within_the_configured_capacity() {
+    const CAP: u64 = 8 * 1024 * 1024;
+    let store = MemoryStore::builder().max_stored_bytes(CAP).build();
+    let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
+    let body = Bytes::from(vec![b'x'; 100]);
+    let mut tasks = Vec::new();
+    for worker in 0..2u32 {
+        let (store, body) = (store.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let scope = Scope::new(format!("user-{worker}")).unwrap();
+            let mut peak = 0u64;
+            for i in 0..500_000u32 {
+                let key =
+                    IdempotencyKey::parse(format!("k{i}").as_bytes(), KeyFormat::opaque()).unwrap();
+                let token = LeaseToken::new();
+                assert_eq!(
+                    store.claim(&scope, &key, &fp, token, HOUR).await.unwrap(),
+                    ClaimOutcome::Claimed
+                );
+                let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
+                assert_eq!(
+                    store.complete(&scope, &key, token, &r, HOUR).await.unwrap(),
+                    FenceOutcome::Applied
+                );
+                if i % 50_000 == 0 {
+                    peak = peak.max(store.stored_bytes());
+                }
+            }
+            peak
+        }));
+    }
+    let mut peak = 0;
+    for t in tasks {
+        peak = peak.max(t.await.unwrap());
+    }
+    let end = store.stored_bytes();
+    assert!(
+        peak <= CAP && end <= CAP,
+        "peak {peak} / end {end} bytes over the {CAP} byte bound"
+    );
+    assert!(
+        store.evicted_records() > 900_000,
+        "evicted {}",
+        store.evicted_records()
+    );
+    assert_eq!(store.in_flight_claims(), 0);
+}
