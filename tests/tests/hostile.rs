@@ -234,3 +234,24 @@ async fn corrupt_records_are_errors_not_panics() {
             .await,
     );
 }
+
+/// A body trickled in slowly, in small pieces, is read whole and runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slowly_sent_body_is_read_whole() {
+    let addr = demo().await;
+    let body = br#"{"title":"slow but complete"}"#;
+    let request = post(b"4e7a06e2-6289-43e5-9c4d-51ff3b6c9b50", body);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for piece in request.chunks(7) {
+        stream.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(answer.contains("slow but complete"));
+}
