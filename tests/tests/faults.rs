@@ -79,6 +79,34 @@ fn assert_served_once_each(all: &[idempotency_e2e::Attempts], runs: &Runs, logic
     );
 }
 
+/// Runs 240 logical requests from 4 clients through a layer on `store`, with `stop` called
+/// 400 ms in and `start` 1.5 s later; checks that the outage was seen as 503s and that every
+/// request was served exactly once.
+async fn outage_mid_traffic(
+    store: Arc<dyn IdempotencyStore>,
+    stop: impl FnOnce(),
+    start: impl FnOnce(),
+) {
+    let runs = Runs::default();
+    let app = counting_app_with(store, &runs, |b| b.store_timeout(Duration::from_secs(2)));
+    let traffic = tokio::spawn({
+        let app = app.clone();
+        async move { traffic(&app, 240, 4).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    start();
+    let all = traffic.await.unwrap();
+    let unavailable = all
+        .iter()
+        .flat_map(|a| &a.statuses)
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert!(unavailable > 0, "the outage must have been seen as 503s");
+    assert_served_once_each(&all, &runs, 240);
+}
+
 /// PostgreSQL stops (fast shutdown) and starts again in the middle of traffic: 503 with
 /// Retry-After while it is down, no request hangs, every request is served, none runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -90,28 +118,12 @@ async fn postgres_restart_mid_traffic() {
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    let runs = Runs::default();
-    let app = counting_app_with(
-        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
-        &runs,
-        |b| b.store_timeout(Duration::from_secs(2)),
-    );
-    let traffic = tokio::spawn({
-        let app = app.clone();
-        async move { traffic(&app, 240, 4).await }
-    });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    pg.stop().unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    pg.start_server().unwrap();
-    let all = traffic.await.unwrap();
-    let unavailable = all
-        .iter()
-        .flat_map(|a| &a.statuses)
-        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
-        .count();
-    assert!(unavailable > 0, "the outage must have been seen as 503s");
-    assert_served_once_each(&all, &runs, 240);
+    outage_mid_traffic(
+        Arc::new(store.clone()),
+        || pg.stop().unwrap(),
+        || pg.start_server().unwrap(),
+    )
+    .await;
     // A fast shutdown is clean: the UNLOGGED table kept its rows, nothing was lost.
     assert_eq!(store.state_losses(), 0);
 }
@@ -171,35 +183,20 @@ async fn postgres_crash_loses_unlogged_records_and_says_so() {
 /// request served once, and the loss of Redis' data is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restart_mid_traffic() {
-    let mut server = TempRedis::start(&[]).unwrap();
+    let server = TempRedis::start(&[]).unwrap();
     let store = RedisStore::connect(server.url())
         .connect_timeout(Duration::from_millis(500))
         .response_timeout(Duration::from_millis(500))
         .build()
         .await
         .unwrap();
-    let runs = Runs::default();
-    let app = counting_app_with(
-        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
-        &runs,
-        |b| b.store_timeout(Duration::from_secs(2)),
-    );
-    let traffic = tokio::spawn({
-        let app = app.clone();
-        async move { traffic(&app, 240, 4).await }
-    });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    server.kill().unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    server.start_server().unwrap();
-    let all = traffic.await.unwrap();
-    let unavailable = all
-        .iter()
-        .flat_map(|a| &a.statuses)
-        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
-        .count();
-    assert!(unavailable > 0, "the outage must have been seen as 503s");
-    assert_served_once_each(&all, &runs, 240);
+    let server = std::sync::Mutex::new(server);
+    outage_mid_traffic(
+        Arc::new(store.clone()),
+        || server.lock().unwrap().kill().unwrap(),
+        || server.lock().unwrap().start_server().unwrap(),
+    )
+    .await;
     assert_eq!(
         store.state_losses(),
         1,

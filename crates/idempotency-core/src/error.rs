@@ -93,6 +93,22 @@ impl StoreError {
         }
     }
 
+    /// A failure of `backend` caused by `source`: [`StoreError::Unavailable`] when `transient`
+    /// (a retry later may succeed), [`StoreError::Backend`] otherwise. Stores classify their
+    /// driver's errors and call this, so the mapping has one shape everywhere.
+    pub fn from_failure(
+        backend: &'static str,
+        transient: bool,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        let source = source.into();
+        if transient {
+            StoreError::Unavailable { backend, source }
+        } else {
+            StoreError::Backend { backend, source }
+        }
+    }
+
     /// Shorthand for [`StoreError::Corrupt`].
     pub fn corrupt(backend: &'static str, source: impl Into<CorruptRecord>) -> Self {
         StoreError::Corrupt {

@@ -101,26 +101,13 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 }
 
 pub(crate) fn query_error(e: tokio_postgres::Error) -> StoreError {
-    if is_transient(&e) {
-        StoreError::Unavailable {
-            backend: BACKEND,
-            source: Box::new(e),
-        }
-    } else {
-        StoreError::Backend {
-            backend: BACKEND,
-            source: Box::new(e),
-        }
-    }
+    StoreError::from_failure(BACKEND, is_transient(&e), e)
 }
 
 pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     use deadpool_postgres::PoolError;
     match e {
         PoolError::Backend(e) => query_error(e),
-        other => StoreError::Unavailable {
-            backend: BACKEND,
-            source: Box::new(other),
-        },
+        other => StoreError::from_failure(BACKEND, true, other),
     }
 }

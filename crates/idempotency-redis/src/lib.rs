@@ -221,23 +221,13 @@ fn escape_into(out: &mut String, text: &str) {
 }
 
 fn redis_error(e: RedisError) -> StoreError {
-    if e.is_io_error()
+    let transient = e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_cluster_error()
-        || !e.is_unrecoverable_error() && !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
-    {
-        StoreError::Unavailable {
-            backend: BACKEND,
-            source: Box::new(e),
-        }
-    } else {
-        StoreError::Backend {
-            backend: BACKEND,
-            source: Box::new(e),
-        }
-    }
+        || !e.is_unrecoverable_error() && !matches!(e.retry_method(), redis::RetryMethod::NoRetry);
+    StoreError::from_failure(BACKEND, transient, e)
 }
 
 fn corrupt(what: &'static str) -> StoreError {
