@@ -189,14 +189,21 @@ impl Statements {
     pub(crate) fn new(name: &TableName) -> Self {
         let t = name.qualified();
         Statements {
-            // One round trip: insert a claim, or take over a row whose lease or retention ran out;
-            // when neither happens, return the live row. `$5` is the lease in seconds.
+            // One round trip. A live row visible to this statement is returned as it is, and
+            // the insert is not attempted, so replays and in-flight duplicates only read (no
+            // row lock, no WAL, no commit flush on a LOGGED table). Otherwise the insert claims
+            // the key, or takes over a row whose lease or retention ran out. `$5` is the lease in
+            // seconds.
             claim: format!(
-                "WITH claimed AS ( \
+                "WITH live AS ( \
+                   SELECT {RECORD_COLUMNS} FROM {t} \
+                   WHERE user_id = $1 AND key = $2 AND expires_at > now()), \
+                 claimed AS ( \
                    INSERT INTO {t} AS r \
                      (user_id, key, request_hash, lease_token, locked_until, created_at, expires_at) \
-                   VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
-                           now() + make_interval(secs => $5)) \
+                   SELECT $1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
+                          now() + make_interval(secs => $5) \
+                   WHERE NOT EXISTS (SELECT 1 FROM live) \
                    ON CONFLICT (user_id, key) DO UPDATE SET \
                      request_hash = EXCLUDED.request_hash, lease_token = EXCLUDED.lease_token, \
                      locked_until = EXCLUDED.locked_until, status_code = NULL, response = NULL, \
@@ -205,9 +212,7 @@ impl Statements {
                    RETURNING 1) \
                  SELECT true, NULL::bytea, NULL::bigint, NULL::bytea FROM claimed \
                  UNION ALL \
-                 SELECT false, {RECORD_COLUMNS} FROM {t} \
-                 WHERE user_id = $1 AND key = $2 AND expires_at > now() \
-                   AND NOT EXISTS (SELECT 1 FROM claimed)"
+                 SELECT false, * FROM live"
             ),
             complete: format!(
                 "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
