@@ -357,10 +357,8 @@ async fn finish(
     let label = match result {
         Ok(Ok(Completion::Stored)) => "stored",
         Ok(Ok(Completion::Released)) => "released",
-        Ok(Ok(Completion::Stale)) => {
-            tracing::warn!("the lease ran out before the response was stored; it was not stored");
-            "stale"
-        }
+        // The engine already logged the lost lease.
+        Ok(Ok(Completion::Stale)) => "stale",
         Ok(Err(error)) => {
             tracing::warn!(%error, op, "could not store the outcome; the key frees when its lease runs out");
             "error"
