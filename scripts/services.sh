@@ -36,9 +36,9 @@ PG_MAJOR=$(basename "$(dirname "$PG_BIN")")
 if [ ! -f "/usr/lib/postgresql/$PG_MAJOR/lib/pg_cron.so" ]; then
   apt_install "postgresql-$PG_MAJOR-cron"
 fi
-for tool in setpriv; do
-  command -v "$tool" >/dev/null || apt_install util-linux
-done
+# Throwaway servers run as the postgres user through setpriv, and are signalled with kill.
+command -v setpriv >/dev/null || apt_install util-linux
+[ -x /bin/kill ] || [ -x /usr/bin/kill ] || apt_install procps
 
 if ! "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p 5432; then
   if command -v pg_ctlcluster >/dev/null; then

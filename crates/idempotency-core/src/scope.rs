@@ -37,10 +37,12 @@ pub enum ScopeError {
 
 impl Scope {
     /// The one scope used by a layer built with `unscoped()`: every caller shares one key space.
+    /// It starts with a control character, which [`Scope::new`] refuses, so no caller's own scope
+    /// can ever equal it.
     ///
     /// Dangerous where callers are not one trusted party: a caller that learns or guesses another
     /// caller's key is served that caller's stored response.
-    pub const UNSCOPED: &'static str = "*unscoped*";
+    pub const UNSCOPED: &'static str = "\u{1}unscoped";
 
     /// Validates a scope: 1 to [`MAX_SCOPE_LEN`] bytes, no control characters.
     pub fn new(value: impl Into<String>) -> Result<Self, ScopeError> {
@@ -119,6 +121,12 @@ mod tests {
         let odd = r#"user "{1}" \ ' ; DROP TABLE x; --"#;
         assert_eq!(Scope::new(odd).unwrap().as_str(), odd);
         assert_eq!(Scope::new("ユーザー").unwrap().as_str(), "ユーザー");
+    }
+
+    #[test]
+    fn no_caller_scope_can_equal_the_unscoped_one() {
+        assert!(Scope::new(Scope::UNSCOPED).is_err());
+        assert_eq!(Scope::unscoped().as_str(), Scope::UNSCOPED);
     }
 
     #[test]
