@@ -247,14 +247,14 @@ async fn a_hung_store_is_bounded_by_the_store_timeout() {
     assert!(attempts.body.is_some());
 }
 
-/// A handler slower than its lease: the retry takes the key over (the documented hazard: the
-/// side effect runs twice), the first run's late completion is refused, and only the second
-/// run's response is ever replayed.
+/// A handler slower than its lease, with the heartbeat turned off: the retry takes the key over
+/// (the documented hazard: the side effect runs twice), the first run's late completion is
+/// refused, and only the second run's response is ever replayed.
 async fn lease_steal(backend: Backend) {
     let ns = Namespace::new(backend);
     let runs = Runs::default();
     let app = counting_app_with(ns.store().await, &runs, |b| {
-        b.lease(Duration::from_millis(600))
+        b.lease(Duration::from_millis(600)).heartbeat(false)
     });
     let (k, u) = (key(), user());
     let first = tokio::spawn({
@@ -288,6 +288,55 @@ async fn lease_steal(backend: Backend) {
         );
     }
     ns.cleanup().await;
+}
+
+/// The same slow handler with the heartbeat on (the default): its lease is extended while it
+/// runs, the retry is told it is in flight, and the handler runs once.
+async fn heartbeat_prevents_the_steal(backend: Backend) {
+    let ns = Namespace::new(backend);
+    let runs = Runs::default();
+    let app = counting_app_with(ns.store().await, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+    });
+    let (k, u) = (key(), user());
+    let first = tokio::spawn({
+        let (app, k) = (app.clone(), k.clone());
+        async move { send(&app, request("/slow-first", &k, u, "")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (status, headers, _) = send(&app, request("/slow-first", &k, u, "")).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a kept-alive request must not be taken over"
+    );
+    assert!(headers.contains_key("retry-after"));
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.0, first.2.as_ref()),
+        (StatusCode::CREATED, &b"run 1"[..])
+    );
+    let (status, headers, body) = send(&app, request("/slow-first", &k, u, "")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(body, "run 1");
+    assert_eq!(runs.slow_first.load(Ordering::SeqCst), 1);
+    ns.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeat_memory() {
+    heartbeat_prevents_the_steal(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeat_postgres() {
+    heartbeat_prevents_the_steal(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeat_redis() {
+    heartbeat_prevents_the_steal(Backend::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -416,6 +416,70 @@ pub async fn lease_expiry_allows_takeover_and_fences_the_old_token<S: Idempotenc
     assert_eq!(completed_response(get(&*store, &s, &k).await), stored);
 }
 
+/// Invariant 6: `extend` keeps a claim alive past its first lease for its holder only, and
+/// cannot revive a claim whose lease already ran out.
+pub async fn extend_keeps_a_claim_alive_for_its_holder_only<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (s, k, fp) = (scope("extend"), key(), fingerprint("a"));
+    let token = must_claim(&*store, &s, &k, &fp, SHORT).await;
+    let extend = |token, lease| {
+        let (store, s, k) = (Arc::clone(&store), s.clone(), k.clone());
+        async move {
+            store
+                .extend(&s, &k, token, lease)
+                .await
+                .expect("invariant 8: extend must not fail against a healthy store")
+        }
+    };
+    assert_eq!(
+        extend(LeaseToken::new(), LONG).await,
+        FenceOutcome::Stale,
+        "invariant 6: a foreign token extended the claim"
+    );
+    assert_eq!(
+        extend(token, Duration::from_secs(10)).await,
+        FenceOutcome::Applied
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    match get(&*store, &s, &k).await {
+        Some(Record {
+            state: RecordState::InFlight { lease_remaining },
+            ..
+        }) => assert!(
+            lease_remaining > Duration::from_secs(5),
+            "the extended lease must run from the extension: {lease_remaining:?}"
+        ),
+        other => panic!("an extended claim must still be in flight, got {other:?}"),
+    }
+    assert_eq!(
+        complete(&*store, &s, &k, token, &response(201, b"done"), LONG).await,
+        FenceOutcome::Applied
+    );
+    assert_eq!(
+        extend(token, LONG).await,
+        FenceOutcome::Stale,
+        "a completed record has no lease to extend"
+    );
+
+    let (k2, t2) = (key(), LeaseToken::new());
+    assert_eq!(
+        claim(&*store, &s, &k2, &fp, t2, SHORT).await,
+        ClaimOutcome::Claimed
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let revived = store
+        .extend(&s, &k2, t2, LONG)
+        .await
+        .expect("invariant 8: extend must not fail against a healthy store");
+    assert_eq!(
+        revived,
+        FenceOutcome::Stale,
+        "invariant 6: a lapsed claim was revived"
+    );
+    assert_eq!(get(&*store, &s, &k2).await, None);
+}
+
 /// Invariant 6: a token that never held the claim cannot complete it.
 pub async fn complete_with_a_foreign_token_is_stale<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let (s, k, fp) = (scope("foreign"), key(), fingerprint("a"));
@@ -685,6 +749,46 @@ pub async fn engine_releases_statuses_the_policy_does_not_store<
     assert!(matches!(
         engine.begin(s, k, fp).await.expect("begin"),
         Begin::Proceed(_)
+    ));
+}
+
+/// With the heartbeat, a request slower than its lease keeps its key: a duplicate arriving after
+/// the first lease would have run out is told it is in flight, not allowed to run again.
+pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
+    S: IdempotencyStore + ?Sized + 'static,
+>(
+    store: Arc<S>,
+) {
+    let engine = engine(
+        store,
+        EngineConfig::default()
+            .with_lease(Duration::from_millis(600))
+            .with_heartbeat(true),
+    );
+    let (s, k, fp) = (scope("heartbeat"), key(), fingerprint("a"));
+    let Begin::Proceed(guard) = engine.begin(s.clone(), k.clone(), fp).await.expect("begin") else {
+        panic!("a fresh key must proceed")
+    };
+    let slow = tokio::spawn(async move {
+        guard
+            .keep_alive(tokio::time::sleep(Duration::from_millis(2000)))
+            .await;
+        guard.complete(response(201, b"slow")).await
+    });
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {
+            Begin::InFlight { .. } => {}
+            other => panic!("a kept-alive request must not be taken over, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        slow.await.expect("slow request").expect("complete"),
+        Completion::Stored
+    );
+    assert!(matches!(
+        engine.begin(s, k, fp).await.expect("begin"),
+        Begin::Replay(_)
     ));
 }
 

@@ -116,6 +116,7 @@ macro_rules! __with_cases {
             different_fingerprint_never_replays_nor_overwrites
             completed_record_expires_on_read
             lease_expiry_allows_takeover_and_fences_the_old_token
+            extend_keeps_a_claim_alive_for_its_holder_only
             complete_with_a_foreign_token_is_stale
             release_frees_the_key_at_once
             release_with_a_foreign_token_changes_nothing
@@ -126,6 +127,7 @@ macro_rules! __with_cases {
             engine_runs_a_request_once_and_replays_it
             engine_dropped_guard_releases_the_key
             engine_releases_statuses_the_policy_does_not_store
+            engine_heartbeat_keeps_a_slow_request_from_being_taken_over
             engine_waits_for_an_in_flight_request_then_replays
         }
     };

@@ -53,6 +53,15 @@ impl IdempotencyStore for CheckThenInsertStore {
             .complete(scope, key, token, response, retention)
             .await
     }
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        self.inner.extend(scope, key, token, lease).await
+    }
     async fn release(
         &self,
         scope: &Scope,

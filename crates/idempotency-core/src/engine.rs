@@ -72,6 +72,10 @@ pub struct EngineConfig {
     pub in_flight_wait: Duration,
     /// Which keys are accepted by [`Engine::begin_raw`]. Default UUID v4 (the ADR).
     pub key_format: KeyFormat,
+    /// Whether [`Guard::keep_alive`] extends the lease while the work runs (every third of the
+    /// lease). Default true: a live request keeps its key however long it runs, and only the
+    /// claim of a worker that stopped (crashed, hung, partitioned) lapses after one lease.
+    pub heartbeat: bool,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +86,7 @@ impl Default for EngineConfig {
             store_policy: StorePolicy::standard(),
             in_flight_wait: Duration::ZERO,
             key_format: KeyFormat::UuidV4,
+            heartbeat: true,
         }
     }
 }
@@ -105,6 +110,11 @@ impl EngineConfig {
     /// Sets [`EngineConfig::in_flight_wait`].
     pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
         self.in_flight_wait = wait;
+        self
+    }
+    /// Sets [`EngineConfig::heartbeat`].
+    pub fn with_heartbeat(mut self, heartbeat: bool) -> Self {
+        self.heartbeat = heartbeat;
         self
     }
     /// Sets [`EngineConfig::key_format`].
@@ -317,6 +327,58 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// The token that holds the claim.
     pub fn token(&self) -> Option<LeaseToken> {
         self.claim.as_ref().map(|c| c.token)
+    }
+
+    /// Moves the end of this claim's lease to one lease from now. [`FenceOutcome::Stale`] when
+    /// the lease had already run out (and the key may have been taken over).
+    pub async fn extend(&self) -> Result<FenceOutcome, StoreError> {
+        let Some(claim) = self.claim.as_ref() else {
+            return Ok(FenceOutcome::Stale);
+        };
+        let lease = self.shared.config.lease;
+        self.shared
+            .store
+            .extend(&claim.scope, &claim.key, claim.token, lease)
+            .await
+    }
+
+    /// Runs `work` (the handler) while keeping the claim alive: with
+    /// [`EngineConfig::heartbeat`] on, the lease is extended every third of its length until
+    /// `work` finishes. A failed extension is retried at the next beat; a stale one (the lease
+    /// had run out) stops the heartbeat and is logged.
+    pub async fn keep_alive<F: std::future::Future>(&self, work: F) -> F::Output {
+        let config = &self.shared.config;
+        if !config.heartbeat || self.claim.is_none() {
+            return work.await;
+        }
+        let interval = (config.lease / 3).max(Duration::from_millis(10));
+        let heartbeat = async {
+            loop {
+                tokio::time::sleep(interval).await;
+                match self.extend().await {
+                    Ok(FenceOutcome::Applied) => {}
+                    Ok(FenceOutcome::Stale) => {
+                        tracing::warn!(
+                            backend = self.shared.store.backend(),
+                            "the lease ran out while the handler was running; another request may run it too"
+                        );
+                        break;
+                    }
+                    Err(error) => tracing::warn!(
+                        backend = self.shared.store.backend(),
+                        %error,
+                        "could not extend the lease; trying again at the next beat"
+                    ),
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::pin!(work);
+        tokio::select! {
+            biased;
+            output = &mut work => output,
+            () = heartbeat => unreachable!("the heartbeat never finishes"),
+        }
     }
 
     /// Stores the handler's response (or releases the key when the policy does not store its

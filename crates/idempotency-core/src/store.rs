@@ -19,7 +19,7 @@ use std::time::Duration;
 /// 4. a claim never overwrites a live record, whatever its fingerprint;
 /// 5. expired records (completed past their retention, in-flight past their lease) read as
 ///    absent, purged or not, by the store's own clock;
-/// 6. `complete` and `release` apply only while the token holds the in-flight claim;
+/// 6. `complete`, `extend` and `release` apply only while the token holds the in-flight claim;
 /// 7. a released key can be claimed again at once;
 /// 8. a failure is an `Err`, never an absent record.
 ///
@@ -50,6 +50,18 @@ pub trait IdempotencyStore: Send + Sync {
         token: LeaseToken,
         response: &StoredResponse,
         retention: Duration,
+    ) -> Result<FenceOutcome, StoreError>;
+
+    /// If `token` holds the in-flight claim on `(scope, key)` and its lease has not run out,
+    /// moves the end of the lease to `lease` from now; otherwise changes nothing and returns
+    /// [`FenceOutcome::Stale`]. The engine calls it while a handler runs (the heartbeat), so
+    /// only the claim of a worker that stopped can lapse and be taken over.
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
     ) -> Result<FenceOutcome, StoreError>;
 
     /// If `token` holds the in-flight claim on `(scope, key)`, deletes the record so the key
@@ -97,6 +109,15 @@ macro_rules! forward_store {
                 retention: Duration,
             ) -> Result<FenceOutcome, StoreError> {
                 (**self).complete(scope, key, token, response, retention).await
+            }
+            async fn extend(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+                token: LeaseToken,
+                lease: Duration,
+            ) -> Result<FenceOutcome, StoreError> {
+                (**self).extend(scope, key, token, lease).await
             }
             async fn release(
                 &self,

@@ -328,6 +328,24 @@ impl IdempotencyStore for MemoryStore {
         }))
     }
 
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut shard = self.shard(scope, key);
+        let now = Instant::now();
+        match shard.get_mut(&(scope.clone(), key.clone())) {
+            Some(claim) if claim.token == token && claim.lease_until > now => {
+                claim.lease_until = now + lease;
+                Ok(FenceOutcome::Applied)
+            }
+            _ => Ok(FenceOutcome::Stale),
+        }
+    }
+
     async fn release(
         &self,
         scope: &Scope,

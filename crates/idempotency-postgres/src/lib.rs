@@ -294,6 +294,8 @@ pub struct StatementsSql<'a> {
     /// `$1` scope, `$2` key, `$3` token, `$4` status (int4), `$5` response bytes, `$6` retention
     /// seconds (float8).
     pub complete: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` lease seconds (float8).
+    pub extend: &'a str,
     /// `$1` scope, `$2` key, `$3` token.
     pub release: &'a str,
     /// `$1` scope, `$2` key.
@@ -385,6 +387,7 @@ impl PostgresStore {
         StatementsSql {
             claim: &s.claim,
             complete: &s.complete,
+            extend: &s.extend,
             release: &s.release,
             get: &s.get,
             purge: &s.purge,
@@ -636,6 +639,33 @@ impl IdempotencyStore for PostgresStore {
                     &i32::from(response.status().as_u16()),
                     &&encoded[..],
                     &retention.as_secs_f64(),
+                ],
+            )
+            .await
+            .map_err(query_error)?;
+        Ok(fenced(rows))
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.inner.statements.extend)
+            .await
+            .map_err(query_error)?;
+        let rows = client
+            .execute(
+                &statement,
+                &[
+                    &scope.as_str(),
+                    &key.as_str(),
+                    &token.as_uuid(),
+                    &lease.as_secs_f64(),
                 ],
             )
             .await

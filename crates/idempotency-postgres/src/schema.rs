@@ -173,6 +173,7 @@ pub(crate) fn sentinel_sql(name: &TableName) -> String {
 pub(crate) struct Statements {
     pub(crate) claim: String,
     pub(crate) complete: String,
+    pub(crate) extend: String,
     pub(crate) release: String,
     pub(crate) get: String,
     pub(crate) purge: String,
@@ -217,6 +218,11 @@ impl Statements {
             complete: format!(
                 "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
                    response = $5, expires_at = now() + make_interval(secs => $6) \
+                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            ),
+            extend: format!(
+                "UPDATE {t} SET locked_until = now() + make_interval(secs => $4), \
+                   expires_at = now() + make_interval(secs => $4) \
                  WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
             ),
             release: format!(

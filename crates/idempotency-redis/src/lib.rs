@@ -57,6 +57,8 @@ pub mod scripts {
     pub const CLAIM: &str = include_str!("../lua/claim.lua");
     /// Complete: `KEYS[1]` record; `ARGV` token, response bytes, retention ms.
     pub const COMPLETE: &str = include_str!("../lua/complete.lua");
+    /// Extend: `KEYS[1]` record; `ARGV` token, lease ms.
+    pub const EXTEND: &str = include_str!("../lua/extend.lua");
     /// Release: `KEYS[1]` record; `ARGV` token.
     pub const RELEASE: &str = include_str!("../lua/release.lua");
     /// Get: `KEYS[1]` record.
@@ -65,6 +67,7 @@ pub mod scripts {
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::COMPLETE));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::EXTEND));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
 static GET: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::GET));
 
@@ -414,6 +417,23 @@ impl IdempotencyStore for RedisStore {
             .arg(&token.as_bytes()[..])
             .arg(&response.encode()[..])
             .arg(millis(retention));
+        let applied: i64 = self.invoke(&invocation).await?;
+        Ok(if applied == 1 {
+            FenceOutcome::Applied
+        } else {
+            FenceOutcome::Stale
+        })
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = EXTEND.key(self.record_key(scope, key));
+        invocation.arg(&token.as_bytes()[..]).arg(millis(lease));
         let applied: i64 = self.invoke(&invocation).await?;
         Ok(if applied == 1 {
             FenceOutcome::Applied

@@ -238,8 +238,9 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// How long an in-flight claim holds its key (default 60 s). Must exceed the slowest
-    /// handler.
+    /// How long an in-flight claim holds its key without a heartbeat (default 60 s). While the
+    /// handler runs, the heartbeat extends it every third of its length; it bounds how long the
+    /// key of a crashed or hung worker stays blocked.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.lease = lease;
         self
@@ -248,6 +249,13 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// How long a response is kept and replayed (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.engine.retention = retention;
+        self
+    }
+
+    /// Whether the lease is extended while the handler runs (default true). Without it, a
+    /// handler slower than its lease can be taken over by a retry and run twice.
+    pub fn heartbeat(mut self, heartbeat: bool) -> Self {
+        self.engine.heartbeat = heartbeat;
         self
     }
 

@@ -31,6 +31,7 @@
 //! | request body over the limit | 413 problem+json, nothing stored |
 //! | handler returns a status the policy does not store (5xx) | passed through, key released |
 //! | handler panics | 500 problem+json, key released |
+//! | handler slower than its lease | the heartbeat extends the lease while it runs; retries get 409 |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
 //! A client that disconnects does not cut the handler's side effect in half: the handler runs

@@ -274,7 +274,8 @@ where
             let settings = &shared.settings;
             let backend = shared.engine.store().backend();
             // If the handler panics, `guard` is dropped while unwinding and releases the key.
-            let response = match inner.call(request).await {
+            // While it runs, the guard's heartbeat keeps the lease from running out.
+            let response = match guard.keep_alive(inner.call(request)).await {
                 Ok(response) => response,
                 Err(e) => {
                     finish(backend, "release", settings.store_timeout, async {

@@ -617,6 +617,15 @@ impl IdempotencyStore for BrokenStore {
     ) -> Result<FenceOutcome, StoreError> {
         unreachable_store()
     }
+    async fn extend(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        unreachable_store()
+    }
     async fn release(
         &self,
         _: &Scope,
