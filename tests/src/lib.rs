@@ -102,7 +102,7 @@ pub struct Runs {
     pub panics: Arc<AtomicUsize>,
     /// POST /slow (takes 300 ms)
     pub slow: Arc<AtomicUsize>,
-    /// POST /slow-first (its first run takes 1.5 s, later runs are fast)
+    /// POST /slow-first (its first run takes 2 s, later runs are fast)
     pub slow_first: Arc<AtomicUsize>,
 }
 
@@ -145,7 +145,7 @@ pub fn counting_app_with(
                 async move {
                     let n = slow_first.fetch_add(1, Ordering::SeqCst) + 1;
                     if n == 1 {
-                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                        tokio::time::sleep(Duration::from_millis(2000)).await;
                     }
                     (StatusCode::CREATED, format!("run {n}"))
                 }

@@ -296,14 +296,15 @@ async fn heartbeat_prevents_the_steal(backend: Backend) {
     let ns = Namespace::new(backend);
     let runs = Runs::default();
     let app = counting_app_with(ns.store().await, &runs, |b| {
-        b.lease(Duration::from_millis(600))
+        b.lease(Duration::from_millis(1000))
     });
     let (k, u) = (key(), user());
     let first = tokio::spawn({
         let (app, k) = (app.clone(), k.clone());
         async move { send(&app, request("/slow-first", &k, u, "")).await }
     });
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Past the first lease's end (1 s), while the handler still runs (2 s).
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     let (status, headers, _) = send(&app, request("/slow-first", &k, u, "")).await;
     assert_eq!(
         status,

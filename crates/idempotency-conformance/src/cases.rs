@@ -762,7 +762,7 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     let engine = engine(
         store,
         EngineConfig::default()
-            .with_lease(Duration::from_millis(600))
+            .with_lease(Duration::from_millis(1500))
             .with_heartbeat(true),
     );
     let (s, k, fp) = (scope("heartbeat"), key(), fingerprint("a"));
@@ -771,12 +771,13 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     };
     let slow = tokio::spawn(async move {
         guard
-            .keep_alive(tokio::time::sleep(Duration::from_millis(2000)))
+            .keep_alive(tokio::time::sleep(Duration::from_millis(4000)))
             .await;
         guard.complete(response(201, b"slow")).await
     });
+    // Probes at 1 s, 2 s and 3 s: the last two are past the first lease's end.
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {
             Begin::InFlight { .. } => {}
             other => panic!("a kept-alive request must not be taken over, got {other:?}"),
