@@ -531,6 +531,16 @@ impl PostgresStore {
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.inner.pool.get().await.map_err(pool_error)
     }
+
+    /// A pooled connection and `sql` prepared on it (once per connection, then cached).
+    async fn prepared(
+        &self,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(query_error)?;
+        Ok((client, statement))
+    }
 }
 
 fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
@@ -576,11 +586,7 @@ impl IdempotencyStore for PostgresStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.claim)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.claim).await?;
         let hash = fingerprint.to_bytes();
         let lease_secs = lease.as_secs_f64();
         // A row inserted by a transaction that committed after this statement's snapshot was
@@ -623,11 +629,7 @@ impl IdempotencyStore for PostgresStore {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.complete)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.complete).await?;
         let encoded = response.encode();
         let rows = client
             .execute(
@@ -653,11 +655,7 @@ impl IdempotencyStore for PostgresStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.extend)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.extend).await?;
         let rows = client
             .execute(
                 &statement,
@@ -679,11 +677,7 @@ impl IdempotencyStore for PostgresStore {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.release)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.release).await?;
         let rows = client
             .execute(
                 &statement,
@@ -695,11 +689,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.get)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.get).await?;
         let row = client
             .query_opt(&statement, &[&scope.as_str(), &key.as_str()])
             .await
@@ -708,11 +698,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&self.inner.statements.purge)
-            .await
-            .map_err(query_error)?;
+        let (client, statement) = self.prepared(&self.inner.statements.purge).await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
             .execute(&statement, &[&limit])
