@@ -367,14 +367,11 @@ async fn another_user_with_the_same_key_runs_separately() {
     assert!(b.1.get("idempotent-replayed").is_none());
 }
 
-#[tokio::test]
-async fn a_concurrent_duplicate_gets_409_with_retry_after() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let app = app_with(
-        |b| b.lease(Duration::from_secs(30)),
-        MemoryStore::default(),
-        runs.clone(),
-    );
+type Answer = (StatusCode, axum::http::HeaderMap, Bytes);
+
+/// Starts a slow request (300 ms), and sends its duplicate 50 ms later; returns the first
+/// request's task and the duplicate's answer.
+async fn duplicate_of_a_running_request(app: &Router) -> (tokio::task::JoinHandle<Answer>, Answer) {
     let first = tokio::spawn({
         let app = app.clone();
         async move {
@@ -386,11 +383,23 @@ async fn a_concurrent_duplicate_gets_409_with_retry_after() {
         }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let (status, headers, body) = send(
-        &app,
+    let duplicate = send(
+        app,
         request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
     )
     .await;
+    (first, duplicate)
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_gets_409_with_retry_after() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.lease(Duration::from_secs(30)),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let (first, (status, headers, body)) = duplicate_of_a_running_request(&app).await;
     assert_eq!(status, StatusCode::CONFLICT);
     let retry_after: u64 = headers
         .get(header::RETRY_AFTER)
@@ -416,22 +425,7 @@ async fn with_a_wait_bound_the_duplicate_gets_the_first_response() {
         MemoryStore::default(),
         runs.clone(),
     );
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move {
-            send(
-                &app,
-                request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
-            )
-            .await
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let (status, headers, body) = send(
-        &app,
-        request(Method::POST, "/slow", Some(KEY), Some("alice"), ""),
-    )
-    .await;
+    let (first, (status, headers, body)) = duplicate_of_a_running_request(&app).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(body, "slow done");
     assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
