@@ -1,7 +1,9 @@
 //! The re-evaluation report: workload, floor, WAL, size, capacity model, chart, Markdown.
 
 use hdrhistogram::Histogram;
-use idempotency::{Begin, Engine, EngineConfig, IdempotencyStore, LeaseToken, TableMode};
+use idempotency::{
+    Begin, Completion, Engine, EngineConfig, IdempotencyStore, LeaseToken, TableMode,
+};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
     bench_scope, connect, err, fresh_key,
@@ -114,9 +116,10 @@ async fn workload(
             .await
             .map_err(err)?
         {
-            Begin::Proceed(guard) => {
-                guard.complete(response.clone()).await.map_err(err)?;
-            }
+            Begin::Proceed(guard) => match guard.complete(response.clone()).await {
+                Completion::Stored => {}
+                other => return Err(format!("setup completion: {other:?}")),
+            },
             other => return Err(format!("setup claim: {other:?}")),
         }
         replay_keys.push(key);
@@ -156,7 +159,9 @@ async fn workload(
                 let t = Instant::now();
                 let ok = match i % 10 {
                     0..=6 => match engine.begin(scope.clone(), fresh_key(), fp).await {
-                        Ok(Begin::Proceed(guard)) => guard.complete(response.clone()).await.is_ok(),
+                        Ok(Begin::Proceed(guard)) => {
+                            guard.complete(response.clone()).await == Completion::Stored
+                        }
                         _ => false,
                     },
                     7 | 8 => matches!(

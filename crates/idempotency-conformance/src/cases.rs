@@ -685,10 +685,7 @@ pub async fn engine_runs_a_request_once_and_replays_it<S: IdempotencyStore + ?Si
         other => panic!("a running duplicate must be in flight, got {other:?}"),
     }
     let stored = response(201, b"{\"id\":1}");
-    assert_eq!(
-        guard.complete(stored.clone()).await.expect("complete"),
-        Completion::Stored
-    );
+    assert_eq!(guard.complete(stored.clone()).await, Completion::Stored);
     match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {
         Begin::Replay(replay) => assert_eq!(replay, stored),
         other => panic!("a retry must replay, got {other:?}"),
@@ -740,10 +737,7 @@ pub async fn engine_releases_statuses_the_policy_does_not_store<
         panic!("a fresh key must proceed")
     };
     assert_eq!(
-        guard
-            .complete(response(503, b"down"))
-            .await
-            .expect("complete"),
+        guard.complete(response(503, b"down")).await,
         Completion::Released
     );
     assert!(matches!(
@@ -769,10 +763,13 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     let Begin::Proceed(guard) = engine.begin(s.clone(), k.clone(), fp).await.expect("begin") else {
         panic!("a fresh key must proceed")
     };
+    // The guard's heartbeat runs on its own task from the claim until the response is stored.
     let slow = tokio::spawn(async move {
-        guard
-            .keep_alive(tokio::time::sleep(Duration::from_millis(4000)))
-            .await;
+        tokio::time::sleep(Duration::from_millis(4000)).await;
+        assert!(
+            guard.lease().is_held(),
+            "the heartbeat must keep the lease held"
+        );
         guard.complete(response(201, b"slow")).await
     });
     // Probes at 1 s, 2 s and 3 s: the last two are past the first lease's end.
@@ -783,10 +780,7 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
             other => panic!("a kept-alive request must not be taken over, got {other:?}"),
         }
     }
-    assert_eq!(
-        slow.await.expect("slow request").expect("complete"),
-        Completion::Stored
-    );
+    assert_eq!(slow.await.expect("slow request"), Completion::Stored);
     assert!(matches!(
         engine.begin(s, k, fp).await.expect("begin"),
         Begin::Replay(_)
@@ -819,8 +813,51 @@ pub async fn engine_waits_for_an_in_flight_request_then_replays<
         Begin::Replay(replay) => assert_eq!(replay, stored),
         other => panic!("a waiting duplicate must get the first response, got {other:?}"),
     }
+    assert_eq!(first.await.expect("first request"), Completion::Stored);
+}
+
+/// The store fails when the response is stored, after the handler ran: the engine keeps the claim
+/// (a duplicate is told the request is in flight, never let run), and stores the response in the
+/// background once the store answers again.
+pub async fn engine_keeps_the_claim_when_storing_the_response_fails<
+    S: IdempotencyStore + ?Sized + 'static,
+>(
+    store: Arc<S>,
+) {
+    use crate::faults::{Fault, FaultyStore, Op};
+    let faulty = FaultyStore::new(store);
+    let engine = Engine::new(faulty.clone(), EngineConfig::default().with_lease(LONG));
+    let (s, k, fp) = (scope("deferred"), key(), fingerprint("a"));
+    let Begin::Proceed(guard) = engine.begin(s.clone(), k.clone(), fp).await.expect("begin") else {
+        panic!("a fresh key must proceed")
+    };
+    faulty.set(Op::Complete, Fault::Fail);
+    let stored = response(201, b"{\"id\":9}");
     assert_eq!(
-        first.await.expect("first request").expect("complete"),
-        Completion::Stored
+        guard.complete(stored.clone()).await,
+        Completion::Deferred,
+        "invariant 9: a failed completion keeps the claim"
     );
+    match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {
+        Begin::InFlight { .. } => {}
+        other => {
+            panic!("invariant 9: the side effect may stand, so the key stays held; got {other:?}")
+        }
+    }
+    faulty.clear(Op::Complete);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {
+            Begin::Replay(replay) => {
+                assert_eq!(replay, stored);
+                return;
+            }
+            Begin::InFlight { .. } if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!(
+                "the deferred completion must be stored once the store is back, got {other:?}"
+            ),
+        }
+    }
 }

@@ -25,6 +25,7 @@
 
 pub mod cases;
 pub mod env;
+pub mod faults;
 
 #[doc(hidden)]
 pub mod __private {
@@ -129,6 +130,7 @@ macro_rules! __with_cases {
             engine_releases_statuses_the_policy_does_not_store
             engine_heartbeat_keeps_a_slow_request_from_being_taken_over
             engine_waits_for_an_in_flight_request_then_replays
+            engine_keeps_the_claim_when_storing_the_response_fails
         }
     };
 }

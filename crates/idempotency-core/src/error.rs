@@ -117,3 +117,36 @@ impl StoreError {
         }
     }
 }
+
+/// Shows an error followed by each of its causes, `error: cause: cause`, so a log line or an
+/// operator-facing message says why something failed (the server's own message), not only
+/// that it did.
+///
+/// ```
+/// use idempotency_core::{ErrorChain, StoreError};
+/// let error = StoreError::Unavailable { backend: "postgres", source: "connection refused".into() };
+/// assert_eq!(
+///     ErrorChain(&error).to_string(),
+///     "the postgres idempotency store is unavailable: connection refused"
+/// );
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}

@@ -31,7 +31,7 @@
 //!     unreachable!("a fresh key is always free")
 //! };
 //! let response = StoredResponse::capture(StatusCode::CREATED, &HeaderMap::new(), Bytes::from_static(b"{\"id\":1}"));
-//! guard.complete(response).await?;
+//! guard.complete(response).await;
 //!
 //! // The retry is answered from the store, byte for byte.
 //! match engine.begin(scope, key, fp).await? {
@@ -50,9 +50,12 @@ mod record;
 mod response;
 mod scope;
 mod store;
+mod transaction;
 
-pub use engine::{Begin, Completion, Engine, EngineConfig, Guard, StorePolicy};
-pub use error::{BoxError, CorruptRecord, StoreError};
+pub use engine::{
+    Begin, Completion, Engine, EngineConfig, Guard, Lease, RollbackCause, StorePolicy,
+};
+pub use error::{BoxError, CorruptRecord, ErrorChain, StoreError};
 pub use fingerprint::{
     BodyCanonicalization, FINGERPRINT_LEN, Fingerprint, FingerprintAlgorithm, FingerprintError,
 };
@@ -61,6 +64,10 @@ pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
 pub use store::{IdempotencyStore, purge_periodically};
+pub use transaction::{
+    CommitOutcome, StoreTransaction, Transaction, TransactionError, TransactionSlot,
+    TransactionalStore,
+};
 
 /// Re-exported so users name the same `http` and `bytes` versions.
 pub use {bytes, http};

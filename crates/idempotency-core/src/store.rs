@@ -2,7 +2,7 @@
 
 use crate::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope, StoreError,
-    StoredResponse,
+    StoredResponse, TransactionalStore,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +81,13 @@ pub trait IdempotencyStore: Send + Sync {
     /// server expires records by itself (Redis) return 0. Only reclaims space: expired records
     /// are already absent on read.
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError>;
+
+    /// The store's transactional side, when its records live in a transactional database the
+    /// application's writes can share (PostgreSQL): then a handler's writes and its stored
+    /// response commit in one transaction (see [`TransactionalStore`]). `None` by default.
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
 }
 
 macro_rules! forward_store {
@@ -136,6 +143,9 @@ macro_rules! forward_store {
             }
             async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
                 (**self).purge_expired(limit).await
+            }
+            fn transactional(&self) -> Option<&dyn TransactionalStore> {
+                (**self).transactional()
             }
         }
     )*};

@@ -4,6 +4,9 @@
 //! - `POST /tasks {"title"}` -> 201 + `Location`; `GET /tasks`; `GET /tasks/{id}`;
 //!   `PATCH /tasks/{id} {"title"?, "done"?}`; `DELETE /tasks/{id}` -> 204.
 //! - `Idempotency-Key` (UUID v4) is required on POST, PATCH and DELETE, as the ADR says.
+//! - On PostgreSQL, each write runs in the request's idempotency transaction (`Tx`): the task
+//!   and the stored response commit together, so a crash or a store fault between them cannot
+//!   make a retry create a second task.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cli;
 pub mod tasks;
 
 use axum::extract::{Path, Request, State};
@@ -22,9 +26,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
-use idempotency::{IdempotencyLayer, IdempotencyStore, Scope};
+use idempotency::{IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope, Tx};
 use serde::Deserialize;
 use std::sync::Arc;
+use std::time::Duration;
 use tasks::{TaskStore, TaskStoreError};
 use uuid::Uuid;
 
@@ -52,23 +57,71 @@ pub enum DemoError {
     Tasks(#[from] TaskStoreError),
 }
 
+/// How the demo runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The idempotency lease: how long a crashed request's key stays blocked (default 60 s).
+    pub lease: Duration,
+    /// How long responses are replayed (default 24 h).
+    pub retention: Duration,
+    /// Whether, on PostgreSQL, task writes run in the request's idempotency transaction
+    /// (default true). Turned off, a task and its stored response commit separately, so a
+    /// crash between them makes the retry create a second task: the hazard transactional
+    /// completion removes, kept to be shown.
+    pub tasks_in_transaction: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(24 * 60 * 60),
+            tasks_in_transaction: true,
+        }
+    }
+}
+
 /// The app on the store named by `store_url` (`memory`, `postgres://...`, `redis://...`). With
 /// PostgreSQL, tasks live in a `tasks` table in the same database, so several demo processes
 /// share tasks and keys; otherwise tasks live in this process.
 pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
-    let store = idempotency::connect(store_url).await?;
-    let tasks = if store_url.starts_with("postgres") {
-        TaskStore::postgres(store_url).await?
+    build_app_with(store_url, &Options::default()).await
+}
+
+/// [`build_app`] with `options`.
+pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router, DemoError> {
+    let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
+        let store = PostgresStore::connect(store_url)
+            .transactions(options.tasks_in_transaction)
+            .build()
+            .await
+            .map_err(idempotency::ConnectError::from)?;
+        store
+            .migrate()
+            .await
+            .map_err(idempotency::ConnectError::from)?;
+        (Arc::new(store), TaskStore::postgres(store_url).await?)
     } else {
-        TaskStore::memory()
+        (idempotency::connect(store_url).await?, TaskStore::memory())
     };
-    Ok(router(store, tasks))
+    Ok(router_with(store, tasks, options))
 }
 
 /// The app on a given idempotency store and task storage.
 pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
+    router_with(store, tasks, &Options::default())
+}
+
+/// [`router`] with `options`.
+pub fn router_with(
+    store: Arc<dyn IdempotencyStore>,
+    tasks: TaskStore,
+    options: &Options,
+) -> Router {
     let idempotency = IdempotencyLayer::builder(store)
         .scope_from_extension::<UserId>()
+        .lease(options.lease)
+        .retention(options.retention)
         .build();
     Router::new()
         .route("/tasks", get(list_tasks).post(create_task))
@@ -110,7 +163,8 @@ enum ApiError {
     InvalidTask(String),
     /// No such task for this user (404).
     NotFound,
-    /// The task storage failed (500).
+    /// The task storage failed: 503 with `Retry-After` when its database is unreachable, 500
+    /// otherwise.
     Storage(TaskStoreError),
 }
 
@@ -141,13 +195,26 @@ impl IntoResponse for ApiError {
                 "No such task",
                 "You have no task with this id.",
             ),
+            ApiError::Storage(error) if error.is_unavailable() => {
+                tracing::warn!(error = %idempotency::ErrorChain(&error), "task storage unavailable");
+                let mut response = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage-unavailable",
+                    "Task storage unavailable",
+                    "The task database cannot be reached; retry later.",
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                response
+            }
             ApiError::Storage(error) => {
-                tracing::error!(%error, "task storage failed");
+                tracing::error!(error = %idempotency::ErrorChain(&error), "task storage failed");
                 problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "storage-failed",
                     "Task storage failed",
-                    "The task could not be read or written; retry later.",
+                    "The task could not be read or written.",
                 )
             }
         }
@@ -219,10 +286,12 @@ struct TaskChange {
 async fn create_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
+    tx: Option<Tx<PgTransaction>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let new: NewTask = parse_json(&body)?;
-    let task = tasks.create(user.0, validate_title(new.title)?).await?;
+    let title = validate_title(new.title)?;
+    let task = tasks.create(tx.as_deref(), user.0, title).await?;
     let location = format!("/tasks/{}", task.id);
     let mut response = (StatusCode::CREATED, Json(task)).into_response();
     if let Ok(value) = HeaderValue::from_str(&location) {
@@ -251,6 +320,7 @@ async fn update_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
     Path(id): Path<String>,
+    tx: Option<Tx<PgTransaction>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let id = task_id(&id)?;
@@ -259,7 +329,9 @@ async fn update_task(
         return Err(ApiError::InvalidTask("send `title`, `done` or both".into()));
     }
     let title = change.title.map(validate_title).transpose()?;
-    let task = tasks.update(user.0, id, title, change.done).await?;
+    let task = tasks
+        .update(tx.as_deref(), user.0, id, title, change.done)
+        .await?;
     Ok(Json(task.ok_or(ApiError::NotFound)?).into_response())
 }
 
@@ -267,8 +339,9 @@ async fn delete_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
     Path(id): Path<String>,
+    tx: Option<Tx<PgTransaction>>,
 ) -> Result<StatusCode, ApiError> {
-    if tasks.delete(user.0, task_id(&id)?).await? {
+    if tasks.delete(tx.as_deref(), user.0, task_id(&id)?).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::NotFound)

@@ -1,9 +1,14 @@
 //! Where tasks live: in memory, or in an ordinary (LOGGED) `tasks` table in PostgreSQL.
+//!
+//! Every write takes the request's idempotency transaction when there is one (`tx`): then the
+//! task and the stored response commit together. Without one, a write goes to the task store on
+//! its own.
 
+use idempotency::PgTransaction;
 use idempotency::postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
 };
-use idempotency::postgres::tokio_postgres::{self, NoTls, Row};
+use idempotency::postgres::tokio_postgres::{self, Client, NoTls, Row};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -28,11 +33,41 @@ pub struct Task {
 pub enum TaskStoreError {
     /// PostgreSQL failed.
     #[error("task storage failed")]
-    Postgres(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Postgres {
+        /// The driver's or the pool's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+        /// Whether the database could not be reached (down, restarting, out of connections):
+        /// a retry later may succeed.
+        unavailable: bool,
+    },
 }
 
-fn pg<E: std::error::Error + Send + Sync + 'static>(e: E) -> TaskStoreError {
-    TaskStoreError::Postgres(Box::new(e))
+impl TaskStoreError {
+    /// Whether the database could not be reached, so a retry later may succeed.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            TaskStoreError::Postgres { unavailable, .. } => *unavailable,
+        }
+    }
+}
+
+/// A statement failed: unavailable when the connection is gone or the server cannot serve now.
+fn pg(e: tokio_postgres::Error) -> TaskStoreError {
+    let class = e.code().map(|c| &c.code()[..2]);
+    let unavailable = e.is_closed() || matches!(class, None | Some("08" | "53" | "57"));
+    TaskStoreError::Postgres {
+        source: Box::new(e),
+        unavailable,
+    }
+}
+
+/// No connection could be had: the database is unavailable.
+fn pool<E: std::error::Error + Send + Sync + 'static>(e: E) -> TaskStoreError {
+    TaskStoreError::Postgres {
+        source: Box::new(e),
+        unavailable: true,
+    }
 }
 
 /// Tasks per user.
@@ -65,6 +100,11 @@ impl TaskStore {
     /// Tasks in PostgreSQL at `url`; creates the table if missing.
     pub async fn postgres(url: &str) -> Result<Self, TaskStoreError> {
         let config = tokio_postgres::Config::from_str(url).map_err(pg)?;
+        let config = {
+            let mut config = config;
+            config.connect_timeout(std::time::Duration::from_secs(2));
+            config
+        };
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -75,9 +115,11 @@ impl TaskStore {
         let pool = Pool::builder(manager)
             .max_size(16)
             .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(std::time::Duration::from_secs(2)))
+            .create_timeout(Some(std::time::Duration::from_secs(2)))
             .build()
-            .map_err(pg)?;
-        let client = pool.get().await.map_err(pg)?;
+            .map_err(pool)?;
+        let client = pool.get().await.map_err(self::pool)?;
         client
             .batch_execute(
                 "BEGIN;
@@ -103,11 +145,20 @@ impl TaskStore {
         map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Creates a task for `user`.
-    pub async fn create(&self, user: Uuid, title: String) -> Result<Task, TaskStoreError> {
+    /// Creates a task for `user`, in `tx` when given.
+    pub async fn create(
+        &self,
+        tx: Option<&PgTransaction>,
+        user: Uuid,
+        title: String,
+    ) -> Result<Task, TaskStoreError> {
         let id = Uuid::new_v4();
-        match self {
-            TaskStore::Memory(map) => {
+        match (tx, self) {
+            (Some(tx), _) => sql::create(tx, id, user, &title).await,
+            (None, TaskStore::Postgres(pool)) => {
+                sql::create(&*pool.get().await.map_err(self::pool)?, id, user, &title).await
+            }
+            (None, TaskStore::Memory(map)) => {
                 let task = Task {
                     id,
                     title,
@@ -121,17 +172,6 @@ impl TaskStore {
                     .push(task.clone());
                 Ok(task)
             }
-            TaskStore::Postgres(pool) => {
-                let client = pool.get().await.map_err(pg)?;
-                let row = client
-                    .query_one(
-                        &format!("INSERT INTO tasks (id, user_id, title) VALUES ($1, $2, $3) RETURNING {COLUMNS}"),
-                        &[&id, &user, &title],
-                    )
-                    .await
-                    .map_err(pg)?;
-                Ok(task_from_row(&row))
-            }
         }
     }
 
@@ -140,17 +180,7 @@ impl TaskStore {
         match self {
             TaskStore::Memory(map) => Ok(Self::locked(map).get(&user).cloned().unwrap_or_default()),
             TaskStore::Postgres(pool) => {
-                let client = pool.get().await.map_err(pg)?;
-                let rows = client
-                    .query(
-                        &format!(
-                            "SELECT {COLUMNS} FROM tasks WHERE user_id = $1 ORDER BY created_at, id"
-                        ),
-                        &[&user],
-                    )
-                    .await
-                    .map_err(pg)?;
-                Ok(rows.iter().map(task_from_row).collect())
+                sql::list(&*pool.get().await.map_err(self::pool)?, user).await
             }
         }
     }
@@ -162,29 +192,27 @@ impl TaskStore {
                 .get(&user)
                 .and_then(|tasks| tasks.iter().find(|t| t.id == id).cloned())),
             TaskStore::Postgres(pool) => {
-                let client = pool.get().await.map_err(pg)?;
-                let row = client
-                    .query_opt(
-                        &format!("SELECT {COLUMNS} FROM tasks WHERE user_id = $1 AND id = $2"),
-                        &[&user, &id],
-                    )
-                    .await
-                    .map_err(pg)?;
-                Ok(row.as_ref().map(task_from_row))
+                sql::get(&*pool.get().await.map_err(self::pool)?, user, id).await
             }
         }
     }
 
-    /// Changes the title and/or done flag of one of the user's tasks.
+    /// Changes the title and/or done flag of one of the user's tasks, in `tx` when given.
     pub async fn update(
         &self,
+        tx: Option<&PgTransaction>,
         user: Uuid,
         id: Uuid,
         title: Option<String>,
         done: Option<bool>,
     ) -> Result<Option<Task>, TaskStoreError> {
-        match self {
-            TaskStore::Memory(map) => {
+        match (tx, self) {
+            (Some(tx), _) => sql::update(tx, user, id, title, done).await,
+            (None, TaskStore::Postgres(pool)) => {
+                let client = pool.get().await.map_err(self::pool)?;
+                sql::update(&client, user, id, title, done).await
+            }
+            (None, TaskStore::Memory(map)) => {
                 let mut map = Self::locked(map);
                 let Some(task) = map
                     .get_mut(&user)
@@ -200,27 +228,22 @@ impl TaskStore {
                 }
                 Ok(Some(task.clone()))
             }
-            TaskStore::Postgres(pool) => {
-                let client = pool.get().await.map_err(pg)?;
-                let row = client
-                    .query_opt(
-                        &format!(
-                            "UPDATE tasks SET title = coalesce($3, title), done = coalesce($4, done) \
-                             WHERE user_id = $1 AND id = $2 RETURNING {COLUMNS}"
-                        ),
-                        &[&user, &id, &title, &done],
-                    )
-                    .await
-                    .map_err(pg)?;
-                Ok(row.as_ref().map(task_from_row))
-            }
         }
     }
 
-    /// Deletes one of the user's tasks; false when there was none.
-    pub async fn delete(&self, user: Uuid, id: Uuid) -> Result<bool, TaskStoreError> {
-        match self {
-            TaskStore::Memory(map) => {
+    /// Deletes one of the user's tasks, in `tx` when given; false when there was none.
+    pub async fn delete(
+        &self,
+        tx: Option<&PgTransaction>,
+        user: Uuid,
+        id: Uuid,
+    ) -> Result<bool, TaskStoreError> {
+        match (tx, self) {
+            (Some(tx), _) => sql::delete(tx, user, id).await,
+            (None, TaskStore::Postgres(pool)) => {
+                sql::delete(&*pool.get().await.map_err(self::pool)?, user, id).await
+            }
+            (None, TaskStore::Memory(map)) => {
                 let mut map = Self::locked(map);
                 let Some(tasks) = map.get_mut(&user) else {
                     return Ok(false);
@@ -229,17 +252,91 @@ impl TaskStore {
                 tasks.retain(|t| t.id != id);
                 Ok(tasks.len() < before)
             }
-            TaskStore::Postgres(pool) => {
-                let client = pool.get().await.map_err(pg)?;
-                let n = client
-                    .execute(
-                        "DELETE FROM tasks WHERE user_id = $1 AND id = $2",
-                        &[&user, &id],
-                    )
-                    .await
-                    .map_err(pg)?;
-                Ok(n == 1)
-            }
         }
+    }
+}
+
+/// The statements, on any connection: a pooled one, or the request's transaction.
+mod sql {
+    use super::{COLUMNS, Client, Task, TaskStoreError, pg, task_from_row};
+    use uuid::Uuid;
+
+    pub(super) async fn create(
+        client: &Client,
+        id: Uuid,
+        user: Uuid,
+        title: &str,
+    ) -> Result<Task, TaskStoreError> {
+        let row = client
+            .query_one(
+                &format!(
+                    "INSERT INTO tasks (id, user_id, title) VALUES ($1, $2, $3) RETURNING {COLUMNS}"
+                ),
+                &[&id, &user, &title],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(task_from_row(&row))
+    }
+
+    pub(super) async fn list(client: &Client, user: Uuid) -> Result<Vec<Task>, TaskStoreError> {
+        let rows = client
+            .query(
+                &format!("SELECT {COLUMNS} FROM tasks WHERE user_id = $1 ORDER BY created_at, id"),
+                &[&user],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(rows.iter().map(task_from_row).collect())
+    }
+
+    pub(super) async fn get(
+        client: &Client,
+        user: Uuid,
+        id: Uuid,
+    ) -> Result<Option<Task>, TaskStoreError> {
+        let row = client
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM tasks WHERE user_id = $1 AND id = $2"),
+                &[&user, &id],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(row.as_ref().map(task_from_row))
+    }
+
+    pub(super) async fn update(
+        client: &Client,
+        user: Uuid,
+        id: Uuid,
+        title: Option<String>,
+        done: Option<bool>,
+    ) -> Result<Option<Task>, TaskStoreError> {
+        let row = client
+            .query_opt(
+                &format!(
+                    "UPDATE tasks SET title = coalesce($3, title), done = coalesce($4, done) \
+                     WHERE user_id = $1 AND id = $2 RETURNING {COLUMNS}"
+                ),
+                &[&user, &id, &title, &done],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(row.as_ref().map(task_from_row))
+    }
+
+    pub(super) async fn delete(
+        client: &Client,
+        user: Uuid,
+        id: Uuid,
+    ) -> Result<bool, TaskStoreError> {
+        let n = client
+            .execute(
+                "DELETE FROM tasks WHERE user_id = $1 AND id = $2",
+                &[&user, &id],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(n == 1)
     }
 }

@@ -29,13 +29,14 @@
 
 mod error;
 mod schema;
+mod transaction;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use idempotency_core::{
     ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
-    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
+    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse, TransactionalStore,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -46,6 +47,7 @@ use tokio_postgres::{NoTls, Row};
 
 pub use error::PostgresStoreError;
 pub use schema::TableMode;
+pub use transaction::PgTransaction;
 pub use {deadpool_postgres, tokio_postgres};
 
 use error::{BACKEND, pool_error, query_error};
@@ -71,6 +73,7 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     connect_timeout: Duration,
     purge_schedule: String,
+    transactions: bool,
 }
 
 impl fmt::Debug for PostgresStoreBuilder {
@@ -94,7 +97,16 @@ impl PostgresStoreBuilder {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
+            transactions: true,
         }
+    }
+
+    /// Whether handlers are offered a transaction in which their writes commit together with
+    /// the stored response ([`PgTransaction`]; default true). Off, every request is completed
+    /// on its own statement, as with the other stores.
+    pub fn transactions(mut self, offer: bool) -> Self {
+        self.transactions = offer;
+        self
     }
 
     /// The schema of the table (default `public`). Letters, digits and underscores.
@@ -227,6 +239,7 @@ impl PostgresStoreBuilder {
                 mode: self.mode,
                 pool,
                 purge_schedule: self.purge_schedule,
+                transactions: self.transactions,
             }),
         })
     }
@@ -267,6 +280,7 @@ struct Inner {
     mode: TableMode,
     statements: Statements,
     purge_schedule: String,
+    transactions: bool,
 }
 
 /// The PostgreSQL store. Cheap to clone; clones share the pool.
@@ -704,5 +718,16 @@ impl IdempotencyStore for PostgresStore {
             .execute(&statement, &[&limit])
             .await
             .map_err(query_error)
+    }
+
+    /// Unless turned off with [`PostgresStoreBuilder::transactions`]: a handler's writes and
+    /// its stored response can commit in one transaction on the store's pool (see
+    /// [`PgTransaction`]).
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        if self.inner.transactions {
+            Some(self)
+        } else {
+            None
+        }
     }
 }

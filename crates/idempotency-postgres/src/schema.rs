@@ -177,7 +177,17 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) get: String,
     pub(crate) purge: String,
+    /// Opens a request's transaction: checks the claim inside it and marks the transaction.
+    pub(crate) tx_check: String,
+    /// Completes the record inside the request's transaction, or fails (aborting it).
+    pub(crate) tx_complete: String,
+    /// After a refused completion: does the token still hold a live claim?
+    pub(crate) tx_diagnose: String,
 }
+
+/// The name of the transaction-local setting that marks a request's transaction with its lease
+/// token, so the completion can tell that it runs in the transaction the store opened.
+pub(crate) const TX_MARK: &str = "idempotency.lease_token";
 
 /// The columns a record is read from, in this order: fingerprint, remaining lease in ms (NULL
 /// once completed), response (NULL while in flight).
@@ -236,6 +246,34 @@ impl Statements {
             purge: format!(
                 "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1))"
+            ),
+            // Sent right behind `BEGIN`. A row only while `$3` holds a live claim; it marks the
+            // transaction with the token (transaction-local, so it ends with the transaction).
+            // Inside a transaction `now()` is the transaction's start, so leases are compared
+            // with `statement_timestamp()`.
+            tx_check: format!(
+                "SELECT set_config('{TX_MARK}', $3::uuid::text, true) FROM {t} \
+                 WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
+                   AND locked_until > statement_timestamp()"
+            ),
+            // Sent with `COMMIT` right behind it (one round trip). The update locks the row and
+            // re-checks token, lease and mark on its latest version; when it matches nothing
+            // (the lease was taken over, or the handler ended the store's transaction), the
+            // division by zero aborts the transaction, so the `COMMIT` rolls it back and none of
+            // the handler's writes survive.
+            tx_complete: format!(
+                "WITH done AS ( \
+                   UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
+                     response = $5, expires_at = statement_timestamp() + make_interval(secs => $6) \
+                   WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
+                     AND locked_until > statement_timestamp() \
+                     AND current_setting('{TX_MARK}', true) = $3::uuid::text \
+                   RETURNING 1) \
+                 SELECT 1 / count(*)::int FROM done"
+            ),
+            tx_diagnose: format!(
+                "SELECT lease_token = $3 AND locked_until > now() FROM {t} \
+                 WHERE user_id = $1 AND key = $2"
             ),
         }
     }

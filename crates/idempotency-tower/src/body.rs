@@ -3,7 +3,9 @@
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
 use http_body::{Body, Frame};
-use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::UnsyncBoxBody};
+use http_body_util::{
+    BodyExt, BodyStream, Full, LengthLimitError, Limited, StreamBody, combinators::UnsyncBoxBody,
+};
 
 /// A boxed error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -28,35 +30,32 @@ where
 
 /// Why a request body was not read.
 pub(crate) enum ReadError {
+    /// Longer than the limit: ours, or one an outer layer (axum's `DefaultBodyLimit`,
+    /// tower-http's `RequestBodyLimit`) put on the body.
     TooLarge,
+    /// The body failed or ended early.
     Unreadable,
 }
 
 /// Reads a request body of at most `limit` bytes.
-pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let mut body = std::pin::pin!(body);
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| ReadError::Unreadable)?;
-        if let Ok(data) = frame.into_data() {
-            use bytes::Buf;
-            if buf.len() + data.remaining() > limit {
-                return Err(ReadError::TooLarge);
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) => {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+            while let Some(e) = cause {
+                if e.is::<LengthLimitError>() {
+                    return Err(ReadError::TooLarge);
+                }
+                cause = e.source();
             }
-            let mut data = data;
-            while data.has_remaining() {
-                let chunk = data.chunk();
-                buf.extend_from_slice(chunk);
-                let n = chunk.len();
-                data.advance(n);
-            }
+            Err(ReadError::Unreadable)
         }
     }
-    Ok(buf.freeze())
 }
 
 /// A response body read up to a cap.

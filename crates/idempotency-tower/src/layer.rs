@@ -1,5 +1,6 @@
 //! The layer and its builder.
 
+use crate::config::{Profile, ScopeSource, Settings, Shared};
 use crate::service::IdempotencyService;
 use http::request::Parts;
 use http::{HeaderName, Method};
@@ -10,65 +11,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
-
-/// Which wire conventions the layer follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Profile {
-    /// The IETF draft (`draft-ietf-httpapi-idempotency-key-header`): a key reused with another
-    /// request is `422 Unprocessable Content`.
-    #[default]
-    Ietf,
-    /// Stripe's API: a key reused with another request is `400` with code `idempotency_error`,
-    /// an in-flight duplicate is `409` with code `idempotency_key_in_use`.
-    Stripe,
-}
-
-type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
-
-/// Where the scope (the authenticated principal) of a request comes from.
-#[derive(Clone)]
-pub(crate) enum ScopeSource {
-    Unscoped,
-    Extract(ScopeFn),
-}
-
-/// Marks a builder whose scope source is not chosen yet: it has no `build`.
-#[derive(Debug, Clone, Copy)]
-pub struct ScopeNotSet;
-
-/// Marks a builder whose scope source is chosen.
-#[derive(Clone)]
-pub struct ScopeSet(pub(crate) ScopeSource);
-
-impl fmt::Debug for ScopeSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            ScopeSource::Unscoped => f.write_str("ScopeSet(Unscoped)"),
-            ScopeSource::Extract(_) => f.write_str("ScopeSet(Extract)"),
-        }
-    }
-}
-
-/// The layer's settings, shared by every service it makes.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) key_required: bool,
-    pub(crate) scope: ScopeSource,
-    pub(crate) max_request_body: usize,
-    pub(crate) max_stored_body: usize,
-    pub(crate) fail_open: bool,
-    pub(crate) profile: Profile,
-    pub(crate) canonicalization: BodyCanonicalization,
-    pub(crate) store_timeout: Duration,
-    pub(crate) problem_type_base: String,
-}
-
-pub(crate) struct Shared<S> {
-    pub(crate) engine: Engine<S>,
-    pub(crate) settings: Settings,
-}
 
 /// Makes a retried `POST`, `PATCH` or `DELETE` run once: the first request with an
 /// `Idempotency-Key` claims it, runs, and its response is stored; a retry gets that response
@@ -105,24 +47,12 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// and DELETE (the ADR), key required, UUID v4 keys, lease 60 s, retention 24 h, request
     /// bodies up to 1 MiB, responses stored up to 1 MiB, 2xx-4xx stored (not 408/429),
     /// fail closed, no waiting for in-flight duplicates, IETF profile, JSON bodies canonicalised
-    /// for the fingerprint, store calls bounded by 5 s.
+    /// for the fingerprint, each store call bounded by 5 s.
     pub fn builder(store: S) -> IdempotencyLayerBuilder<S, ScopeNotSet> {
         IdempotencyLayerBuilder {
             store,
             engine: EngineConfig::default(),
-            settings: Settings {
-                header: HeaderName::from_static("idempotency-key"),
-                methods: vec![Method::POST, Method::PATCH, Method::DELETE],
-                key_required: true,
-                scope: ScopeSource::Unscoped,
-                max_request_body: 1024 * 1024,
-                max_stored_body: 1024 * 1024,
-                fail_open: false,
-                profile: Profile::Ietf,
-                canonicalization: BodyCanonicalization::Json,
-                store_timeout: Duration::from_secs(5),
-                problem_type_base: "urn:idempotency:problem:".to_owned(),
-            },
+            settings: Settings::default(),
             scope: ScopeNotSet,
         }
     }
@@ -140,6 +70,14 @@ impl<Inner, S> Layer<Inner> for IdempotencyLayer<S> {
         IdempotencyService::new(inner, Arc::clone(&self.shared))
     }
 }
+
+/// Marks a builder whose scope source is not chosen yet: it has no `build`.
+#[derive(Debug, Clone, Copy)]
+pub struct ScopeNotSet;
+
+/// Marks a builder whose scope source is chosen; it carries that source to `build`.
+#[derive(Clone, Debug)]
+pub struct ScopeSet(ScopeSource);
 
 /// Builds an [`IdempotencyLayer`]. `Sc` records whether the scope source was chosen.
 pub struct IdempotencyLayerBuilder<S, Sc> {
@@ -200,12 +138,11 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
 impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
     /// Builds the layer.
     pub fn build(self) -> IdempotencyLayer<S> {
-        let mut settings = self.settings;
-        settings.scope = self.scope.0;
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: Engine::new(self.store, self.engine),
-                settings,
+                scope: self.scope.0,
+                settings: self.settings,
             }),
         }
     }
@@ -234,13 +171,14 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
 
     /// Which keys are accepted (default UUID v4).
     pub fn key_format(mut self, format: KeyFormat) -> Self {
-        self.engine.key_format = format;
+        self.settings.key_format = format;
         self
     }
 
-    /// How long an in-flight claim holds its key without a heartbeat (default 60 s). While the
-    /// handler runs, the heartbeat extends it every third of its length; it bounds how long the
-    /// key of a crashed or hung worker stays blocked.
+    /// How long an in-flight claim holds its key without a heartbeat (default 60 s). From the
+    /// claim until the response is stored, the heartbeat extends it every third of its length;
+    /// it bounds how long the key of a crashed or hung worker stays blocked, and how long a
+    /// response whose storing failed is retried in the background.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.lease = lease;
         self
@@ -252,8 +190,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// Whether the lease is extended while the handler runs (default true). Without it, a
-    /// handler slower than its lease can be taken over by a retry and run twice.
+    /// Whether the lease is extended while the request runs (default true). Without it, a
+    /// request slower than its lease can be taken over by a retry and run twice.
     pub fn heartbeat(mut self, heartbeat: bool) -> Self {
         self.engine.heartbeat = heartbeat;
         self
@@ -265,7 +203,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// How long a duplicate waits for the running request before `409` (default zero).
+    /// How long a duplicate waits for the running request before `409` (default zero). Waiting
+    /// is not a store call: it is not bounded by the store timeout.
     pub fn in_flight_wait(mut self, wait: Duration) -> Self {
         self.engine.in_flight_wait = wait;
         self
@@ -288,7 +227,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     }
 
     /// When the store cannot be reached: `false` (default) answers 503 with `Retry-After` and
-    /// does not run the handler; `true` runs the handler without idempotency.
+    /// does not run the handler; `true` runs the handler without idempotency. Even then, a
+    /// request whose key the store showed held by another request is answered 409, never run.
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.settings.fail_open = fail_open;
         self
@@ -306,10 +246,11 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// Bound on each store call (default 5 s); past it the request is answered as if the store
-    /// were unreachable.
+    /// Bound on each single store call (default 5 s): the claim, storing the response, each
+    /// heartbeat, a release, opening and committing a transaction. A claim past it is answered
+    /// as if the store were unreachable; waiting for an in-flight duplicate is not bounded by it.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.store_timeout = timeout;
+        self.engine.store_timeout = timeout;
         self
     }
 

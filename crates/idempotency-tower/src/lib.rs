@@ -31,12 +31,21 @@
 //! | request body over the limit | 413 problem+json, nothing stored |
 //! | handler returns a status the policy does not store (5xx) | passed through, key released |
 //! | handler panics | 500 problem+json, key released |
-//! | handler slower than its lease | the heartbeat extends the lease while it runs; retries get 409 |
+//! | handler (or its response body) slower than its lease | the heartbeat extends the lease until the response is stored; retries get 409 |
+//! | storing the response fails | the response goes out; the key stays claimed and the response is stored in the background |
+//! | the request's transaction does not commit | 503 problem+json (409 if its lease was taken over); none of its writes exist |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
 //! A client that disconnects does not cut the handler's side effect in half: the handler runs
 //! inline, and is moved to its own task if the request future is dropped; its response is still
 //! stored for the retry.
+//!
+//! # What the handler sees
+//! The request extensions of a request that holds its key carry its
+//! [`Lease`](idempotency_core::Lease) (key, scope, fencing token, `lost()`), and on a
+//! transactional store (PostgreSQL) its
+//! [`TransactionSlot`](idempotency_core::TransactionSlot): writes made in it commit together with
+//! the stored response. With the `axum` feature, `Tx<PgTransaction>` extracts it.
 //!
 //! # Observability
 //! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never
@@ -47,11 +56,17 @@
 //! the histogram `idempotency_store_duration_seconds{backend, op}`.
 
 mod body;
+mod config;
 mod detach;
+#[cfg(feature = "axum")]
+mod extract;
 mod layer;
 mod problem;
 mod service;
 
 pub use body::{BoxError, IdempotencyBody};
-pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, Profile, ScopeNotSet, ScopeSet};
+pub use config::Profile;
+#[cfg(feature = "axum")]
+pub use extract::{Tx, TxRejection};
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeNotSet, ScopeSet};
 pub use service::IdempotencyService;

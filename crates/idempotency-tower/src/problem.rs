@@ -1,7 +1,7 @@
 //! RFC 9457 `application/problem+json` answers for every refusal the layer makes.
 
 use crate::body::{IdempotencyBody, full};
-use crate::layer::Profile;
+use crate::config::Profile;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use idempotency_core::KeyError;
@@ -15,12 +15,28 @@ pub(crate) enum Problem {
     KeyInvalid(KeyError),
     KeyRepeated,
     ScopeMissing,
-    InFlight { retry_after: Duration },
+    InFlight {
+        retry_after: Duration,
+    },
     Mismatch,
-    BodyTooLarge { limit: usize },
+    BodyTooLarge {
+        limit: usize,
+    },
     BodyUnreadable,
-    StoreUnavailable { retry_after: Duration },
-    HandlerPanicked,
+    StoreUnavailable {
+        retry_after: Duration,
+    },
+    /// The handler panicked, or its response body failed.
+    HandlerFailed,
+    /// The request's transaction did not commit: none of its writes exist.
+    NotCommitted {
+        retry_after: Duration,
+    },
+    /// The handler ended (or kept) the request's transaction itself.
+    TransactionMisused,
+    /// A handler asked for a transaction the request does not have.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    TransactionUnavailable,
 }
 
 /// Seconds for `Retry-After`, rounded up, at least 1.
@@ -106,7 +122,28 @@ impl Problem {
                 "The request was not run because its idempotency could not be guaranteed; retry later.".into(),
                 "idempotency_store_unavailable",
             ),
-            Problem::HandlerPanicked => (
+            Problem::NotCommitted { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not-committed",
+                "The request's changes were not committed",
+                "The request ran, but its changes could not be committed together with its idempotency record, so none of them were kept; retry later.".into(),
+                "idempotency_not_committed",
+            ),
+            Problem::TransactionMisused => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "transaction-misused",
+                "The request's transaction was ended by its handler",
+                "The handler ended or kept its idempotency transaction itself, so its changes and its response could not be tied together; the key stays claimed until its lease runs out.".into(),
+                "idempotency_transaction_misused",
+            ),
+            Problem::TransactionUnavailable => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "transaction-unavailable",
+                "The request has no idempotency transaction",
+                "The handler needs an idempotency transaction, but this route is not covered by the idempotency layer or its store is not transactional.".into(),
+                "idempotency_transaction_unavailable",
+            ),
+            Problem::HandlerFailed => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "handler-failed",
                 "The request failed",
@@ -138,9 +175,9 @@ impl Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         let retry_after = match self {
-            Problem::InFlight { retry_after } | Problem::StoreUnavailable { retry_after } => {
-                Some(retry_after)
-            }
+            Problem::InFlight { retry_after }
+            | Problem::StoreUnavailable { retry_after }
+            | Problem::NotCommitted { retry_after } => Some(retry_after),
             _ => None,
         };
         if let Some(d) = retry_after {

@@ -1,29 +1,33 @@
 //! The service: one request through the protocol.
+//!
+//! [`handle`] reads what the protocol needs from the request (key, scope, body), asks the
+//! engine what to do, and answers; [`run_once`] runs the handler of a request that holds its key
+//! and hands its response to the engine.
 
-use crate::body::{
-    BoxError, IdempotencyBody, Kept, ReadError, boxed, full, keep_up_to, read_limited,
-};
+use crate::body::{BoxError, IdempotencyBody, Kept, ReadError, boxed, full, keep_up_to, read_body};
+use crate::config::{ScopeSource, Shared};
 use crate::detach::DetachOnDrop;
-use crate::layer::{ScopeSource, Shared};
 use crate::problem::Problem;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use http::request::Parts;
 use http::{HeaderValue, Request, Response, header};
 use http_body::Body;
 use idempotency_core::{
-    Begin, Completion, Fingerprint, Guard, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore,
-    Scope, StoreError, StoredResponse,
+    Begin, Completion, ErrorChain, Fingerprint, Guard, IDEMPOTENT_REPLAYED, IdempotencyKey,
+    IdempotencyStore, RollbackCause, Scope, StoredResponse,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tower_service::Service;
 use tracing::Instrument;
 
-/// How long a client is told to wait after a 503 because the store was unreachable.
-const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a client is told to wait after a 503 because the store was unreachable or the
+/// request's transaction did not commit, and after a 409 for a lease lost at commit time.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
 pub struct IdempotencyService<Inner, S> {
@@ -88,29 +92,116 @@ where
     }
 }
 
-fn count(outcome: &'static str) {
-    metrics::counter!("idempotency_requests_total", "outcome" => outcome).increment(1);
+/// What happened to a covered request: one value gives the span's `outcome` field and the
+/// `idempotency_requests_total{outcome}` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// No key, and keys are optional: passed through without idempotency.
+    Passthrough,
+    KeyMissing,
+    KeyInvalid,
+    ScopeMissing,
+    BodyTooLarge,
+    BodyUnreadable,
+    /// The store failed; answered 503.
+    StoreError,
+    /// The store failed; run without idempotency (`fail_open`).
+    StoreErrorFailOpen,
+    Replayed,
+    Conflict,
+    Mismatch,
+    /// The request held its key and its handler ran.
+    Executed,
+    /// The handler panicked or its response body failed.
+    HandlerFailed,
 }
 
-fn record_store_call(backend: &'static str, op: &'static str, started: Instant, ok: bool) {
-    metrics::histogram!("idempotency_store_duration_seconds", "backend" => backend, "op" => op)
-        .record(started.elapsed().as_secs_f64());
-    if !ok {
-        metrics::counter!("idempotency_store_errors_total", "backend" => backend, "op" => op)
-            .increment(1);
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Passthrough => "passthrough",
+            Outcome::KeyMissing => "key_missing",
+            Outcome::KeyInvalid => "key_invalid",
+            Outcome::ScopeMissing => "scope_missing",
+            Outcome::BodyTooLarge => "body_too_large",
+            Outcome::BodyUnreadable => "body_unreadable",
+            Outcome::StoreError => "store_error",
+            Outcome::StoreErrorFailOpen => "store_error_fail_open",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::Mismatch => "mismatch",
+            Outcome::Executed => "executed",
+            Outcome::HandlerFailed => "handler_failed",
+        }
+    }
+
+    /// Counts the outcome and records it on the current span.
+    fn record(self) {
+        metrics::counter!("idempotency_requests_total", "outcome" => self.label()).increment(1);
+        tracing::Span::current().record("outcome", self.label());
     }
 }
 
-/// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself.
-fn key_hash(scope: &Scope, key: &IdempotencyKey) -> String {
-    let mut h = Sha256::new();
-    h.update(scope.as_str().as_bytes());
-    h.update([0]);
-    h.update(key.as_str().as_bytes());
-    h.finalize()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// A request the layer answers itself.
+struct Refusal(Problem, Outcome);
+
+/// Answers `problem` and records `outcome`.
+fn refuse<S>(shared: &Shared<S>, Refusal(problem, outcome): Refusal) -> Response<IdempotencyBody> {
+    outcome.record();
+    let settings = &shared.settings;
+    problem.into_response(settings.profile, &settings.problem_type_base)
+}
+
+/// The request's key: `Ok(None)` when it has none and keys are optional.
+fn read_key<S>(parts: &Parts, shared: &Shared<S>) -> Result<Option<IdempotencyKey>, Refusal> {
+    let settings = &shared.settings;
+    let mut values = parts.headers.get_all(&settings.header).iter();
+    match (values.next(), values.next()) {
+        (None, _) if settings.key_required => {
+            Err(Refusal(Problem::KeyMissing, Outcome::KeyMissing))
+        }
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(Refusal(Problem::KeyRepeated, Outcome::KeyInvalid)),
+        (Some(value), None) => IdempotencyKey::parse(value.as_bytes(), settings.key_format)
+            .map(Some)
+            .map_err(|e| Refusal(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
+    }
+}
+
+/// The request's scope, from the configured source.
+fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refusal> {
+    match &shared.scope {
+        ScopeSource::Unscoped => Ok(Scope::unscoped()),
+        ScopeSource::Extract(extract) => {
+            extract(parts).ok_or(Refusal(Problem::ScopeMissing, Outcome::ScopeMissing))
+        }
+    }
+}
+
+/// The whole request body, within the configured limit.
+async fn read_request_body<B, S>(
+    parts: &Parts,
+    body: B,
+    shared: &Shared<S>,
+) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let limit = shared.settings.max_request_body;
+    let too_large = || Refusal(Problem::BodyTooLarge { limit }, Outcome::BodyTooLarge);
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large());
+    }
+    read_body(body, limit).await.map_err(|e| match e {
+        ReadError::TooLarge => too_large(),
+        ReadError::Unreadable => Refusal(Problem::BodyUnreadable, Outcome::BodyUnreadable),
+    })
 }
 
 async fn handle<Inner, S, B, ResB>(
@@ -129,58 +220,30 @@ where
     ResB::Error: Into<BoxError>,
     S: IdempotencyStore + 'static,
 {
-    let settings = &shared.settings;
-    let problem = |p: Problem, outcome: &'static str| {
-        count(outcome);
-        Ok(p.into_response(settings.profile, &settings.problem_type_base))
-    };
     let (parts, body) = request.into_parts();
-
-    let mut values = parts.headers.get_all(&settings.header).iter();
-    let raw_key = match (values.next(), values.next()) {
-        (None, _) if settings.key_required => return problem(Problem::KeyMissing, "key_missing"),
-        (None, _) => {
-            count("passthrough");
+    let key = match read_key(&parts, &shared) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            Outcome::Passthrough.record();
             let response = inner.call(Request::from_parts(parts, body)).await?;
             return Ok(response.map(boxed));
         }
-        (Some(_), Some(_)) => return problem(Problem::KeyRepeated, "key_invalid"),
-        (Some(value), None) => value,
+        Err(refusal) => return Ok(refuse(&shared, refusal)),
     };
-    let key = match IdempotencyKey::parse(raw_key.as_bytes(), shared.engine.config().key_format) {
-        Ok(key) => key,
-        Err(e) => return problem(Problem::KeyInvalid(e), "key_invalid"),
+    let scope = match read_scope(&parts, &shared) {
+        Ok(scope) => scope,
+        Err(refusal) => return Ok(refuse(&shared, refusal)),
     };
-    let scope = match &settings.scope {
-        ScopeSource::Unscoped => Scope::unscoped(),
-        ScopeSource::Extract(extract) => match extract(&parts) {
-            Some(scope) => scope,
-            None => return problem(Problem::ScopeMissing, "scope_missing"),
-        },
-    };
-
-    let limit = settings.max_request_body;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return problem(Problem::BodyTooLarge { limit }, "body_too_large");
-    }
-    let bytes = match read_limited(body, limit).await {
+    let bytes = match read_request_body(&parts, body, &shared).await {
         Ok(bytes) => bytes,
-        Err(ReadError::TooLarge) => {
-            return problem(Problem::BodyTooLarge { limit }, "body_too_large");
-        }
-        Err(ReadError::Unreadable) => return problem(Problem::BodyUnreadable, "body_unreadable"),
+        Err(refusal) => return Ok(refuse(&shared, refusal)),
     };
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fingerprint = Fingerprint::of_request(
         parts.method.as_str(),
         path_and_query,
         &bytes,
-        settings.canonicalization,
+        shared.settings.canonicalization,
     );
 
     let span = tracing::info_span!(
@@ -189,60 +252,30 @@ where
         method = %parts.method,
         outcome = tracing::field::Empty,
     );
-    async {
-        let backend = shared.engine.store().backend();
-        let started = Instant::now();
-        let begin = match tokio::time::timeout(
-            settings.store_timeout,
-            shared.engine.begin(scope, key, fingerprint),
-        )
-        .await
-        {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout {
-                backend,
-                timeout: settings.store_timeout,
-            }),
-        };
-        record_store_call(backend, "claim", started, begin.is_ok());
-        let span = tracing::Span::current();
-        match begin {
-            Err(error) if settings.fail_open => {
-                tracing::warn!(%error, "idempotency store failed; running without idempotency (fail open)");
-                span.record("outcome", "store_error_fail_open");
-                count("store_error_fail_open");
-                let response = inner.call(Request::from_parts(parts, B::from(bytes))).await?;
-                Ok(response.map(boxed))
+    async move {
+        let request = Request::from_parts(parts, B::from(bytes));
+        match shared.engine.begin(scope, key, fingerprint).await {
+            Err(error) if shared.settings.fail_open => {
+                tracing::warn!(error = %ErrorChain(&error), "idempotency store failed; running without idempotency (fail open)");
+                Outcome::StoreErrorFailOpen.record();
+                Ok(inner.call(request).await?.map(boxed))
             }
             Err(error) => {
-                tracing::warn!(%error, retryable = error.is_retryable(), "idempotency store failed; answering 503");
-                span.record("outcome", "store_error");
-                problem(
-                    Problem::StoreUnavailable {
-                        retry_after: STORE_RETRY_AFTER,
-                    },
-                    "store_error",
-                )
+                tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
+                let problem = Problem::StoreUnavailable { retry_after: RETRY_AFTER };
+                Ok(refuse(&shared, Refusal(problem, Outcome::StoreError)))
             }
             Ok(Begin::Replay(stored)) => {
-                span.record("outcome", "replayed");
-                count("replayed");
+                Outcome::Replayed.record();
                 Ok(replay(stored))
             }
             Ok(Begin::InFlight { retry_after }) => {
-                span.record("outcome", "conflict");
-                problem(Problem::InFlight { retry_after }, "conflict")
+                Ok(refuse(&shared, Refusal(Problem::InFlight { retry_after }, Outcome::Conflict)))
             }
-            Ok(Begin::Mismatch) => {
-                span.record("outcome", "mismatch");
-                problem(Problem::Mismatch, "mismatch")
-            }
-            Ok(Begin::Invalid(e)) => problem(Problem::KeyInvalid(e), "key_invalid"),
+            Ok(Begin::Mismatch) => Ok(refuse(&shared, Refusal(Problem::Mismatch, Outcome::Mismatch))),
             Ok(Begin::Proceed(guard)) => {
-                span.record("outcome", "executed");
-                count("executed");
-                let request = Request::from_parts(parts, B::from(bytes));
-                run_once(inner, Arc::clone(&shared), guard, request).await
+                Outcome::Executed.record();
+                run_once(inner, shared, guard, request).await
             }
         }
     }
@@ -250,14 +283,18 @@ where
     .await
 }
 
-/// Runs the handler and stores its response. It runs in the caller's task; if the client
-/// disconnects first, it is moved to its own task and still runs to the end, so a side effect is
-/// never cut in half and its response is still stored for the retry.
+/// Runs the handler and hands its response to the guard. It runs in the caller's task; if the
+/// client disconnects first, it is moved to its own task and still runs to the end, so a side
+/// effect is never cut in half and its response is still stored for the retry.
+///
+/// The handler finds the request's [`Lease`](idempotency_core::Lease) in the request
+/// extensions, and, on a transactional store, the
+/// [`TransactionSlot`](idempotency_core::TransactionSlot) its writes commit with.
 async fn run_once<Inner, S, B, ResB>(
     mut inner: Inner,
     shared: Arc<Shared<S>>,
     guard: Guard<S>,
-    request: Request<B>,
+    mut request: Request<B>,
 ) -> Result<Response<IdempotencyBody>, Inner::Error>
 where
     Inner: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
@@ -268,66 +305,58 @@ where
     ResB::Error: Into<BoxError>,
     S: IdempotencyStore + 'static,
 {
-    let outer = Arc::clone(&shared);
+    let on_panic = Arc::clone(&shared);
     let run = DetachOnDrop::new(
         async move {
-            let settings = &shared.settings;
-            let backend = shared.engine.store().backend();
-            // If the handler panics, `guard` is dropped while unwinding and releases the key.
-            // While it runs, the guard's heartbeat keeps the lease from running out.
-            let response = match guard.keep_alive(inner.call(request)).await {
+            let extensions = request.extensions_mut();
+            extensions.insert(guard.lease().clone());
+            if let Some(transaction) = guard.transaction() {
+                extensions.insert(transaction.clone());
+            }
+            // If the handler panics, `guard` is dropped while unwinding: the transaction rolls
+            // back and the key is released.
+            let response = match inner.call(request).await {
                 Ok(response) => response,
                 Err(e) => {
-                    finish(backend, "release", settings.store_timeout, async {
-                        guard.release().await.map(|_| Completion::Released)
-                    })
-                    .await;
+                    let _ = guard.release().await;
                     return Err(e);
                 }
             };
             let (parts, body) = response.into_parts();
             if !guard.will_store(parts.status) {
-                finish(backend, "release", settings.store_timeout, async {
-                    guard.release().await.map(|_| Completion::Released)
-                })
-                .await;
+                // The policy does not keep this status: its transaction rolls back and the key
+                // is released, so the retry runs on a clean slate.
+                let _ = guard.release().await;
                 return Ok(Response::from_parts(parts, boxed(body)));
             }
-            match keep_up_to(body, settings.max_stored_body).await {
-                Ok(Kept::Whole(bytes)) => {
-                    let stored =
-                        StoredResponse::capture(parts.status, &parts.headers, bytes.clone());
-                    finish(
-                        backend,
-                        "complete",
-                        settings.store_timeout,
-                        guard.complete(stored),
-                    )
-                    .await;
-                    Ok(Response::from_parts(parts, full(bytes)))
-                }
-                Ok(Kept::Over(body)) => {
-                    let stored = StoredResponse::capture_without_body(parts.status, &parts.headers);
-                    finish(
-                        backend,
-                        "complete",
-                        settings.store_timeout,
-                        guard.complete(stored),
-                    )
-                    .await;
-                    Ok(Response::from_parts(parts, body))
-                }
+            let cap = shared.settings.max_stored_body;
+            let (stored, body) = match keep_up_to(body, cap).await {
+                Ok(Kept::Whole(bytes)) => (
+                    StoredResponse::capture(parts.status, &parts.headers, bytes.clone()),
+                    full(bytes),
+                ),
+                Ok(Kept::Over(body)) => (
+                    StoredResponse::capture_without_body(parts.status, &parts.headers),
+                    body,
+                ),
                 Err(error) => {
-                    tracing::warn!(%error, "the handler's response body failed; releasing the key");
-                    finish(backend, "release", settings.store_timeout, async {
-                        guard.release().await.map(|_| Completion::Released)
-                    })
-                    .await;
-                    count("handler_failed");
-                    Ok(Problem::HandlerPanicked
-                        .into_response(settings.profile, &settings.problem_type_base))
+                    tracing::warn!(error = %ErrorChain(&*error), "the handler's response body failed; releasing the key");
+                    let _ = guard.release().await;
+                    return Ok(refuse(&shared, Refusal(Problem::HandlerFailed, Outcome::HandlerFailed)));
                 }
-            }
+            };
+            let answer = match guard.complete(stored).await {
+                Completion::RolledBack(RollbackCause::LeaseLost) => Problem::InFlight {
+                    retry_after: RETRY_AFTER,
+                },
+                Completion::RolledBack(_) => Problem::NotCommitted {
+                    retry_after: RETRY_AFTER,
+                },
+                Completion::TransactionMisused => Problem::TransactionMisused,
+                _ => return Ok(Response::from_parts(parts, body)),
+            };
+            let settings = &shared.settings;
+            Ok(answer.into_response(settings.profile, &settings.problem_type_base))
         }
         .in_current_span(),
     );
@@ -335,45 +364,24 @@ where
         Ok(result) => result,
         Err(_panic) => {
             tracing::error!("the handler panicked; its key is released");
-            count("handler_failed");
-            let settings = &outer.settings;
-            Ok(Problem::HandlerPanicked
-                .into_response(settings.profile, &settings.problem_type_base))
+            Ok(refuse(
+                &on_panic,
+                Refusal(Problem::HandlerFailed, Outcome::HandlerFailed),
+            ))
         }
     }
 }
 
-/// Awaits a completion or release with the store timeout, and records what happened. The
-/// response goes to the client whatever this says: a failure here only means a retry may get
-/// 409 until the lease runs out, then run again.
-async fn finish(
-    backend: &'static str,
-    op: &'static str,
-    timeout: Duration,
-    step: impl std::future::Future<Output = Result<Completion, StoreError>>,
-) {
-    let started = Instant::now();
-    let result = tokio::time::timeout(timeout, step).await;
-    record_store_call(backend, op, started, matches!(result, Ok(Ok(_))));
-    let label = match result {
-        Ok(Ok(Completion::Stored)) => "stored",
-        Ok(Ok(Completion::Released)) => "released",
-        // The engine already logged the lost lease.
-        Ok(Ok(Completion::Stale)) => "stale",
-        Ok(Err(error)) => {
-            tracing::warn!(%error, op, "could not store the outcome; the key frees when its lease runs out");
-            "error"
-        }
-        Err(_) => {
-            tracing::warn!(
-                op,
-                ?timeout,
-                "storing the outcome timed out; the key frees when its lease runs out"
-            );
-            "error"
-        }
-    };
-    metrics::counter!("idempotency_completions_total", "result" => label).increment(1);
+/// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself.
+fn key_hash(scope: &Scope, key: &IdempotencyKey) -> String {
+    let mut h = Sha256::new();
+    h.update(scope.as_str().as_bytes());
+    h.update([0]);
+    h.update(key.as_str().as_bytes());
+    h.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The stored response, byte for byte, marked as a replay.

@@ -32,11 +32,13 @@ pub use idempotency_tower::{
     BoxError, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
     Profile, ScopeNotSet, ScopeSet,
 };
+#[cfg(feature = "axum")]
+pub use idempotency_tower::{Tx, TxRejection};
 
 #[cfg(feature = "memory")]
 pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
-pub use idempotency_postgres::{self as postgres, PostgresStore, TableMode};
+pub use idempotency_postgres::{self as postgres, PgTransaction, PostgresStore, TableMode};
 #[cfg(feature = "redis")]
 pub use idempotency_redis::{self as redis, RedisStore};
 

@@ -1,0 +1,144 @@
+//! The engine's settings.
+
+use http::StatusCode;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which handler statuses are stored for replay. Statuses that are not stored release the key
+/// (and roll back the request's transaction), so the client's retry runs the handler again (ADR
+/// amendment 5).
+#[derive(Clone)]
+pub struct StorePolicy(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
+
+impl StorePolicy {
+    /// Store 2xx, 3xx and 4xx; release 5xx. `408 Request Timeout` and `429 Too Many Requests`
+    /// are released too: both say "try again later", so replaying them for a day would turn a
+    /// passing condition into a permanent answer. 1xx are never final and never stored.
+    pub fn standard() -> Self {
+        StorePolicy(Arc::new(|s: StatusCode| {
+            (200..500).contains(&s.as_u16())
+                && s != StatusCode::REQUEST_TIMEOUT
+                && s != StatusCode::TOO_MANY_REQUESTS
+        }))
+    }
+
+    /// Store every final status, 5xx included (Stripe API v1: "including 500 errors").
+    pub fn all_final() -> Self {
+        StorePolicy(Arc::new(|s: StatusCode| s.as_u16() >= 200))
+    }
+
+    /// Store exactly the statuses for which `f` returns true.
+    pub fn custom(f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        StorePolicy(Arc::new(f))
+    }
+
+    /// Whether a response with `status` is stored.
+    pub fn should_store(&self, status: StatusCode) -> bool {
+        (self.0)(status)
+    }
+}
+
+impl Default for StorePolicy {
+    fn default() -> Self {
+        Self::standard()
+    }
+}
+
+impl fmt::Debug for StorePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StorePolicy(..)")
+    }
+}
+
+/// Settings of an [`Engine`](crate::Engine).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// How long an in-flight claim holds the key without a heartbeat before another request
+    /// may take it over (ADR amendment 6). While the request runs, the heartbeat extends it;
+    /// it bounds how long the key of a crashed or hung worker stays blocked, and how long a
+    /// response whose storing failed is retried in the background. Default 60 s.
+    pub lease: Duration,
+    /// How long a completed response is kept and replayed. Default 24 h (the ADR).
+    pub retention: Duration,
+    /// Which statuses are stored. Default [`StorePolicy::standard`].
+    pub store_policy: StorePolicy,
+    /// How long a duplicate of an in-flight request waits for the first to finish before it is
+    /// answered "in flight" (409). A protocol bound, separate from the store timeout. Default
+    /// zero: answer at once.
+    pub in_flight_wait: Duration,
+    /// Whether the lease is extended (every third of its length, on its own task) from the
+    /// claim until the response is stored or released. Default true: a live request keeps its
+    /// key however long its handler and its response body take, and only the claim of a worker
+    /// that stopped (crashed, hung, partitioned) lapses after one lease.
+    pub heartbeat: bool,
+    /// Bound on each single store call (claim, complete, extend, release, opening and
+    /// committing a transaction); past it the call counts as failed with
+    /// [`StoreError::Timeout`](crate::StoreError::Timeout). Default 5 s.
+    pub store_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(24 * 60 * 60),
+            store_policy: StorePolicy::standard(),
+            in_flight_wait: Duration::ZERO,
+            heartbeat: true,
+            store_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Sets [`EngineConfig::lease`].
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+    /// Sets [`EngineConfig::retention`].
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// Sets [`EngineConfig::store_policy`].
+    pub fn with_store_policy(mut self, policy: StorePolicy) -> Self {
+        self.store_policy = policy;
+        self
+    }
+    /// Sets [`EngineConfig::in_flight_wait`].
+    pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
+        self.in_flight_wait = wait;
+        self
+    }
+    /// Sets [`EngineConfig::heartbeat`].
+    pub fn with_heartbeat(mut self, heartbeat: bool) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+    /// Sets [`EngineConfig::store_timeout`].
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_policy_stores_2xx_to_4xx_but_not_transient_or_server_errors() {
+        let p = StorePolicy::standard();
+        for s in [200, 201, 204, 301, 400, 404, 409, 422, 499] {
+            assert!(p.should_store(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [100, 408, 429, 500, 502, 503, 504] {
+            assert!(!p.should_store(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        assert!(StorePolicy::all_final().should_store(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!StorePolicy::custom(|s| s == StatusCode::CREATED).should_store(StatusCode::OK));
+    }
+}

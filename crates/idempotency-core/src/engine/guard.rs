@@ -1,0 +1,462 @@
+//! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
+//! reaches the store.
+
+use super::Shared;
+use super::lease::Lease;
+use super::retry::{Op, retry_until, spawn_release};
+use crate::transaction::{Opener, Taken, TransactionError, TransactionSlot};
+use crate::{
+    CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction, StoredResponse,
+};
+use http::StatusCode;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// What [`Guard::complete`] or [`Guard::release`] did with the request's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Completion {
+    /// The response is stored (with the request's transaction, if it opened one) and will be
+    /// replayed.
+    Stored,
+    /// The key was released for a retry: the policy does not store the status, or the caller
+    /// released it. The request's transaction, if it opened one, was rolled back.
+    Released,
+    /// The lease had been lost (the key was taken over, released or expired): nothing was
+    /// stored. Without a transaction the side effect did happen, so the response still goes to
+    /// this client, while retries get the other request's.
+    Stale,
+    /// The store failed after the handler ran. The claim is kept (retries get "in flight"),
+    /// and the response is stored, or the key released, in the background, retrying until the
+    /// lease runs out. The response still goes to this client.
+    Deferred,
+    /// The request's transaction did not commit, so none of its writes exist, and the
+    /// handler's response must not be sent as if they did: answer with an error the client
+    /// retries.
+    RolledBack(RollbackCause),
+    /// The handler ended the request's transaction itself (a raw `COMMIT` or `ROLLBACK`), or
+    /// still held it after returning. Whether its writes exist is unknown, so nothing was
+    /// stored and the claim is kept until its lease runs out. A bug in the handler.
+    TransactionMisused,
+}
+
+/// Why a request's transaction rolled back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RollbackCause {
+    /// Its lease was lost before the commit: another request holds the key and runs it.
+    LeaseLost,
+    /// The store failed before or during the commit. The key was released (fenced: only if the
+    /// commit did not happen), so a retry runs once, or replays if the commit did happen.
+    Store,
+}
+
+impl Completion {
+    /// The label of this outcome in `idempotency_completions_total{result}`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Completion::Stored => "stored",
+            Completion::Released => "released",
+            Completion::Stale => "stale",
+            Completion::Deferred => "deferred",
+            Completion::RolledBack(_) => "rolled_back",
+            Completion::TransactionMisused => "transaction_misused",
+        }
+    }
+}
+
+/// Proof that this request holds the claim on its key, from the claim until its outcome is
+/// stored. While it lives, a heartbeat on its own task extends the lease (when
+/// [`EngineConfig::heartbeat`](crate::EngineConfig::heartbeat) is on), so neither a slow
+/// handler, nor a handler blocking its thread, nor a slow response body lets the lease run out.
+///
+/// Hand the handler's response to [`Guard::complete`], or give the key back with
+/// [`Guard::release`]. A guard dropped without either (a panic, a cancelled future) rolls back
+/// its transaction and releases the key in the background; the lease is the last resort.
+pub struct Guard<S: IdempotencyStore + 'static> {
+    shared: Arc<Shared<S>>,
+    lease: Lease,
+    heartbeat: Option<AbortHandle>,
+    transaction: Option<TransactionSlot>,
+    /// Still holds the claim: neither completed nor released.
+    holding: bool,
+}
+
+impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("lease", &self.lease)
+            .field("transaction", &self.transaction)
+            .finish()
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Guard<S> {
+    pub(crate) fn new(shared: Arc<Shared<S>>, lease: Lease) -> Self {
+        let heartbeat = shared.config.heartbeat.then(|| {
+            shared
+                .tasks
+                .spawn(heartbeat(Arc::clone(&shared), lease.clone()))
+                .abort_handle()
+        });
+        let transaction = shared.store.transactional().is_some().then(|| {
+            TransactionSlot::new(Box::new(TxOpener {
+                shared: Arc::clone(&shared),
+                lease: lease.clone(),
+            }))
+        });
+        Guard {
+            shared,
+            lease,
+            heartbeat,
+            transaction,
+            holding: true,
+        }
+    }
+
+    pub(crate) fn has_heartbeat(&self) -> bool {
+        self.heartbeat.is_some()
+    }
+
+    /// The claim as the handler sees it: key, scope, fencing token, whether it is still held.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The transaction the handler may write in, when the store is transactional
+    /// ([`IdempotencyStore::transactional`]): opened on first use, committed by
+    /// [`Guard::complete`] together with the stored response.
+    pub fn transaction(&self) -> Option<&TransactionSlot> {
+        self.transaction.as_ref()
+    }
+
+    /// Whether a response with `status` would be stored (so a caller can skip buffering a body
+    /// that will not be kept).
+    pub fn will_store(&self, status: StatusCode) -> bool {
+        self.shared.config.store_policy.should_store(status)
+    }
+
+    /// Stores the handler's response and commits the request's transaction with it when the
+    /// handler opened one; releases the key (rolling the transaction back) when the policy does
+    /// not store its status. One store round trip on the common path. Never frees a key whose
+    /// side effect may stand: if storing fails, the claim is kept and storing is retried in the
+    /// background until the lease runs out ([`Completion::Deferred`]).
+    pub async fn complete(mut self, response: StoredResponse) -> Completion {
+        if !self.will_store(response.status()) {
+            return self.release().await;
+        }
+        self.stop_heartbeat();
+        let completion = match self.take_transaction().await {
+            Taken::Open(tx) => self.commit(tx, &response).await,
+            Taken::Busy => self.transaction_busy(),
+            Taken::Unopened | Taken::Closed => self.store(response).await,
+        };
+        self.finish(completion)
+    }
+
+    /// Gives the key back so a retry can run at once, rolling back the request's transaction
+    /// first. Call it when the side effect did not happen (the handler failed); a failed
+    /// release is retried in the background until the lease runs out.
+    pub async fn release(mut self) -> Completion {
+        self.stop_heartbeat();
+        match self.take_transaction().await {
+            Taken::Open(tx) => self.rollback(tx).await,
+            // It can never commit: only the engine commits, and it gives up on it here.
+            Taken::Busy => tracing::warn!(
+                "the handler still holds its transaction; it rolls back when the handler drops it"
+            ),
+            Taken::Unopened | Taken::Closed => {}
+        }
+        let shared = &self.shared;
+        let lease = &self.lease;
+        let completion = match shared
+            .call(
+                Op::Release,
+                shared
+                    .store
+                    .release(lease.scope(), lease.key(), lease.token()),
+            )
+            .await
+        {
+            Ok(FenceOutcome::Applied) => Completion::Released,
+            Ok(FenceOutcome::Stale) => self.lost("the key was not released"),
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not release the key; retrying in the background until its lease runs out"
+                );
+                spawn_release(Arc::clone(shared), self.lease.clone(), "failed release");
+                Completion::Deferred
+            }
+        };
+        self.finish(completion)
+    }
+
+    /// Stores the response without a transaction; on failure keeps the claim and retries in
+    /// the background.
+    async fn store(&self, response: StoredResponse) -> Completion {
+        let shared = &self.shared;
+        match shared.complete(&self.lease, &response).await {
+            Ok(FenceOutcome::Applied) => Completion::Stored,
+            Ok(FenceOutcome::Stale) => self.lost("the response was not stored"),
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not store the response; the key stays claimed and storing is retried \
+                     in the background until its lease runs out"
+                );
+                self.spawn_deferred_store(response);
+                Completion::Deferred
+            }
+        }
+    }
+
+    fn spawn_deferred_store(&self, response: StoredResponse) {
+        let shared = Arc::clone(&self.shared);
+        let lease = self.lease.clone();
+        let until = lease.deadline();
+        let tasks = shared.tasks.clone();
+        tasks.spawn(async move {
+            let stored = retry_until(until, || shared.complete(&lease, &response)).await;
+            let backend = shared.store.backend();
+            let label = match stored {
+                Ok(FenceOutcome::Applied) => {
+                    tracing::info!(backend, "stored the response after the store recovered");
+                    "deferred_stored"
+                }
+                Ok(FenceOutcome::Stale) => {
+                    tracing::warn!(
+                        backend,
+                        "the lease ran out before the response could be stored"
+                    );
+                    "deferred_stale"
+                }
+                Err(error) => {
+                    tracing::error!(
+                        backend,
+                        error = %ErrorChain(&error),
+                        "could not store the response before the lease ran out: a retry of this \
+                         request will run it again"
+                    );
+                    "deferred_failed"
+                }
+            };
+            metrics::counter!("idempotency_completions_total", "result" => label).increment(1);
+        });
+    }
+
+    /// Stores the response in the request's transaction and commits both.
+    async fn commit(&self, tx: Box<dyn StoreTransaction>, response: &StoredResponse) -> Completion {
+        let shared = &self.shared;
+        let committed = shared
+            .call(
+                Op::Commit,
+                tx.complete_and_commit(response, shared.config.retention),
+            )
+            .await;
+        match committed {
+            Ok(CommitOutcome::Committed) => Completion::Stored,
+            Ok(CommitOutcome::LeaseLost) => {
+                self.lost("the transaction was rolled back");
+                Completion::RolledBack(RollbackCause::LeaseLost)
+            }
+            Ok(CommitOutcome::EndedByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler ended the idempotency transaction itself (COMMIT or ROLLBACK): \
+                     its writes and the response cannot be tied together, so nothing was stored \
+                     and the key stays claimed until its lease runs out. Never end the \
+                     request's transaction in the handler"
+                );
+                Completion::TransactionMisused
+            }
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "the request's transaction did not commit: none of its writes exist; \
+                     releasing the key so the retry runs"
+                );
+                // Fenced by the token: if the commit did happen after all, the record is
+                // completed and no longer carries the token, so nothing is released.
+                spawn_release(
+                    Arc::clone(shared),
+                    self.lease.clone(),
+                    "transaction not committed",
+                );
+                Completion::RolledBack(RollbackCause::Store)
+            }
+        }
+    }
+
+    async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
+        if let Err(error) = self.shared.call(Op::Rollback, tx.rollback()).await {
+            // The transaction cannot commit any more: a failed rollback ends with its
+            // connection, and the server rolls it back.
+            tracing::warn!(
+                backend = self.shared.store.backend(),
+                error = %ErrorChain(&error),
+                "could not roll back the request's transaction; it ends with its connection"
+            );
+        }
+    }
+
+    fn transaction_busy(&self) -> Completion {
+        tracing::error!(
+            backend = self.shared.store.backend(),
+            "the handler still holds its idempotency transaction after returning its response \
+             (a Transaction kept in a spawned task or in the response body): nothing was stored \
+             and the key stays claimed until its lease runs out"
+        );
+        Completion::TransactionMisused
+    }
+
+    fn lost(&self, what: &'static str) -> Completion {
+        self.lease.mark_lost();
+        tracing::warn!(
+            backend = self.shared.store.backend(),
+            what,
+            "the lease was lost before the request finished; another request may run it"
+        );
+        Completion::Stale
+    }
+
+    async fn take_transaction(&mut self) -> Taken {
+        match self.transaction.take() {
+            Some(slot) => slot.take(self.shared.config.store_timeout).await,
+            None => Taken::Unopened,
+        }
+    }
+
+    fn stop_heartbeat(&mut self) {
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.abort();
+        }
+    }
+
+    fn finish(mut self, completion: Completion) -> Completion {
+        self.holding = false;
+        self.lease.finish();
+        metrics::counter!("idempotency_completions_total", "result" => completion.label())
+            .increment(1);
+        completion
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
+    fn drop(&mut self) {
+        self.stop_heartbeat();
+        if !self.holding {
+            return;
+        }
+        self.lease.finish();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "guard dropped outside a Tokio runtime: the key frees when its lease runs out"
+            );
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let lease = self.lease.clone();
+        let transaction = self.transaction.take();
+        let tasks = shared.tasks.clone();
+        tasks.spawn_on(
+            async move {
+                let open = match transaction {
+                    Some(slot) => slot.take(shared.config.store_timeout).await,
+                    None => Taken::Unopened,
+                };
+                if let Taken::Open(tx) = open
+                    && let Err(error) = shared.call(Op::Rollback, tx.rollback()).await
+                {
+                    tracing::warn!(error = %ErrorChain(&error), "could not roll back a dropped request's transaction; it ends with its connection");
+                }
+                spawn_release(shared, lease, "dropped guard");
+            },
+            &runtime,
+        );
+    }
+}
+
+/// Extends the lease every third of its length until aborted. A failed extension is retried
+/// sooner; once the lease has run out by this process's clock, or the store says the token no
+/// longer holds the claim, the lease is marked lost and the heartbeat stops.
+async fn heartbeat<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease) {
+    let beat = (lease.length() / 3).max(Duration::from_millis(10));
+    let mut next = beat;
+    loop {
+        tokio::time::sleep(next).await;
+        let sent = Instant::now();
+        match shared.extend(&lease).await {
+            Ok(FenceOutcome::Applied) => {
+                lease.renewed(sent);
+                next = beat;
+            }
+            Ok(FenceOutcome::Stale) => {
+                lease.mark_lost();
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    "the lease ran out while the request was running; another request may run it too"
+                );
+                return;
+            }
+            Err(error) => {
+                if Instant::now() >= lease.deadline() {
+                    lease.mark_lost();
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "could not extend the lease before it ran out; another request may run it too"
+                    );
+                    return;
+                }
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not extend the lease; trying again"
+                );
+                next = beat.min(Duration::from_millis(250));
+            }
+        }
+    }
+}
+
+/// Opens a claim's transaction on first use.
+struct TxOpener<S> {
+    shared: Arc<Shared<S>>,
+    lease: Lease,
+}
+
+impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
+    fn open(&self) -> crate::transaction::OpenFuture<'_> {
+        Box::pin(async move {
+            let Some(store) = self.shared.store.transactional() else {
+                return Err(TransactionError::Unavailable);
+            };
+            if !self.lease.is_held() {
+                return Err(TransactionError::LeaseLost);
+            }
+            let lease = &self.lease;
+            let begun = self
+                .shared
+                .call(
+                    Op::Begin,
+                    store.begin_transaction(lease.scope(), lease.key(), lease.token()),
+                )
+                .await;
+            match begun {
+                Ok(Some(tx)) => Ok(tx),
+                Ok(None) => {
+                    lease.mark_lost();
+                    Err(TransactionError::LeaseLost)
+                }
+                Err(error) => Err(TransactionError::Store(error)),
+            }
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! The claim a running request holds, as its handler sees it.
+
+use crate::{IdempotencyKey, LeaseToken, Scope};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+const HELD: u8 = 0;
+const LOST: u8 = 1;
+const FINISHED: u8 = 2;
+
+/// The claim of a running request on its `(scope, key)`: what it is, and whether it is still
+/// held. Cheap to clone. The HTTP layer puts it in the request extensions, so a handler can read
+/// its key and fencing token (to pass to a downstream system that accepts one) and can stop
+/// early when the lease is lost:
+///
+/// ```
+/// # async fn charge(amount: u64) -> Result<(), ()> { Ok(()) }
+/// # async fn handler(lease: idempotency_core::Lease) -> Result<(), &'static str> {
+/// tokio::select! {
+///     result = charge(100) => result.map_err(|()| "charge failed"),
+///     () = lease.lost() => Err("lease lost: another request may run this one"),
+/// }
+/// # }
+/// ```
+///
+/// A lease is lost when the store says another request took the key over, or when it ran out
+/// by this process's clock because the heartbeat could not extend it (or is turned off).
+#[derive(Clone)]
+pub struct Lease(Arc<State>);
+
+struct State {
+    scope: Scope,
+    key: IdempotencyKey,
+    token: LeaseToken,
+    length: Duration,
+    /// When the claim was sent; deadlines are kept as milliseconds after it.
+    base: Instant,
+    /// End of the lease by this process's clock, in ms after `base`: the start of the last
+    /// successful claim or extension plus the lease, so never later than the store's end.
+    deadline_ms: AtomicU64,
+    phase: AtomicU8,
+    changed: Notify,
+}
+
+impl Lease {
+    /// A lease on `(scope, key)` for `token`, whose claim was sent at `claimed_at`.
+    pub(crate) fn new(
+        scope: Scope,
+        key: IdempotencyKey,
+        token: LeaseToken,
+        length: Duration,
+        claimed_at: Instant,
+    ) -> Self {
+        Lease(Arc::new(State {
+            scope,
+            key,
+            token,
+            length,
+            base: claimed_at,
+            deadline_ms: AtomicU64::new(millis(length)),
+            phase: AtomicU8::new(HELD),
+            changed: Notify::new(),
+        }))
+    }
+
+    /// The scope (the authenticated principal) the key belongs to.
+    pub fn scope(&self) -> &Scope {
+        &self.0.scope
+    }
+
+    /// The client's idempotency key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.0.key
+    }
+
+    /// The fencing token of this claim: every change of the record checks it, and a downstream
+    /// system that accepts fencing tokens can be given it.
+    pub fn token(&self) -> LeaseToken {
+        self.0.token
+    }
+
+    /// Whether this request still holds its key: not lost, not finished, and not past its end
+    /// by this process's clock.
+    pub fn is_held(&self) -> bool {
+        self.0.phase.load(Ordering::Acquire) == HELD && Instant::now() < self.deadline()
+    }
+
+    /// Resolves when the lease is lost (taken over, or run out without a successful
+    /// heartbeat). Never resolves for a request that finishes while holding it.
+    pub async fn lost(&self) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.0.phase.load(Ordering::Acquire) {
+                LOST => return,
+                FINISHED => std::future::pending::<()>().await,
+                _ => {}
+            }
+            let deadline = self.deadline();
+            if Instant::now() >= deadline {
+                self.mark_lost();
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// End of the lease by this process's clock.
+    pub(crate) fn deadline(&self) -> Instant {
+        let ms = self.0.deadline_ms.load(Ordering::Acquire);
+        self.0
+            .base
+            .checked_add(Duration::from_millis(ms))
+            // A lease too long for the clock: it does not end in this process's lifetime.
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400))
+    }
+
+    /// The lease's length.
+    pub(crate) fn length(&self) -> Duration {
+        self.0.length
+    }
+
+    /// An extension sent at `sent_at` succeeded.
+    pub(crate) fn renewed(&self, sent_at: Instant) {
+        let end = millis(sent_at.saturating_duration_since(self.0.base) + self.0.length);
+        self.0.deadline_ms.fetch_max(end, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+
+    /// The store refused this token, or the lease ran out: another request may hold the key.
+    pub(crate) fn mark_lost(&self) {
+        if self
+            .0
+            .phase
+            .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.0.changed.notify_waiters();
+        }
+    }
+
+    /// The request finished (stored or released): the lease is no longer held, nor lost.
+    pub(crate) fn finish(&self) {
+        if self
+            .0
+            .phase
+            .compare_exchange(HELD, FINISHED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.0.changed.notify_waiters();
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("scope", &self.0.scope)
+            .field("key", &self.0.key)
+            .field("token", &self.0.token)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

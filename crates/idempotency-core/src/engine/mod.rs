@@ -1,0 +1,327 @@
+//! The protocol engine: the one place where the idempotency policy lives.
+//!
+//! - `mod.rs`: [`Engine::begin`], which claims a key and decides what a request does;
+//! - `config.rs`: [`EngineConfig`] and [`StorePolicy`];
+//! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
+//!   stored (in the request's transaction when the store offers one);
+//! - `lease.rs`: the [`Lease`] a handler sees;
+//! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
+
+mod config;
+mod guard;
+mod lease;
+mod retry;
+
+pub use config::{EngineConfig, StorePolicy};
+pub use guard::{Completion, Guard, RollbackCause};
+pub use lease::Lease;
+
+use crate::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken,
+    RecordState, Scope, StoreError, StoredResponse,
+};
+use retry::{Op, spawn_release};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+/// What to do with a request, as decided by [`Engine::begin`].
+#[must_use]
+pub enum Begin<S: IdempotencyStore + 'static> {
+    /// This request holds the key: run the handler, then hand its response to the guard.
+    Proceed(Guard<S>),
+    /// The same request already completed: answer with its stored response.
+    Replay(StoredResponse),
+    /// The same request is still running elsewhere: answer 409 and suggest retrying after
+    /// `retry_after` (the time left on its lease).
+    InFlight {
+        /// Time left on the running request's lease.
+        retry_after: Duration,
+    },
+    /// The key was used with a different request: answer 422 and never the other response.
+    Mismatch,
+}
+
+impl<S: IdempotencyStore + 'static> fmt::Debug for Begin<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Begin::Proceed(guard) => f.debug_tuple("Proceed").field(guard).finish(),
+            Begin::Replay(response) => f.debug_tuple("Replay").field(response).finish(),
+            Begin::InFlight { retry_after } => f
+                .debug_struct("InFlight")
+                .field("retry_after", retry_after)
+                .finish(),
+            Begin::Mismatch => f.write_str("Mismatch"),
+        }
+    }
+}
+
+/// What every guard and background task of one engine shares.
+pub(crate) struct Shared<S> {
+    pub(crate) config: EngineConfig,
+    pub(crate) store: S,
+    /// Background work (heartbeats, deferred completions and releases).
+    pub(crate) tasks: TaskTracker,
+}
+
+/// Turns requests into [`Begin`] decisions over a store. Cheap to clone.
+pub struct Engine<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Engine {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.shared.store.backend())
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+const FIRST_POLL: Duration = Duration::from_millis(10);
+const MAX_POLL: Duration = Duration::from_millis(250);
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// An engine over `store` with `config`.
+    pub fn new(store: S, config: EngineConfig) -> Self {
+        Engine {
+            shared: Arc::new(Shared {
+                config,
+                store,
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Claims `(scope, key)` for a request with `fingerprint` and decides what to do:
+    ///
+    /// - no live record: the claim is taken, [`Begin::Proceed`];
+    /// - a live record with another fingerprint: [`Begin::Mismatch`] (whatever its state);
+    /// - a completed record with this fingerprint: [`Begin::Replay`];
+    /// - an in-flight record with this fingerprint: wait up to
+    ///   [`EngineConfig::in_flight_wait`] for it to finish (replay) or be released (proceed),
+    ///   then [`Begin::InFlight`].
+    ///
+    /// One store round trip when no waiting is configured. Each store call is bounded by
+    /// [`EngineConfig::store_timeout`]; waiting is not a store call. `Err` only when the store
+    /// failed before anything showed that another request holds the key: once one did, a
+    /// failure while waiting answers [`Begin::InFlight`], so a fail-open caller never runs a
+    /// request that another one is running.
+    ///
+    /// A claim whose answer is lost (the call timed out or failed after reaching the store, or
+    /// this future was dropped) is released in the background with its token, so the key is
+    /// not blocked for a lease by a claim nobody holds.
+    pub async fn begin(
+        &self,
+        scope: Scope,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<S>, StoreError> {
+        let config = &self.shared.config;
+        let mut pending = PendingClaim {
+            shared: &self.shared,
+            claim: Some((scope, key, LeaseToken::new())),
+            sent_at: Instant::now(),
+            in_doubt: false,
+        };
+        let deadline = Instant::now() + config.in_flight_wait;
+        let mut poll = FIRST_POLL;
+        let mut seen_running: Option<Duration> = None;
+        loop {
+            let Some((scope, key, token)) = pending.claim.as_ref() else {
+                unreachable!("the pending claim is only taken when begin returns")
+            };
+            pending.sent_at = Instant::now();
+            pending.in_doubt = true;
+            let outcome = self
+                .shared
+                .call(
+                    Op::Claim,
+                    self.shared
+                        .store
+                        .claim(scope, key, &fingerprint, *token, config.lease),
+                )
+                .await;
+            let record = match outcome {
+                Ok(ClaimOutcome::Claimed) => {
+                    let guard = pending.into_guard();
+                    if guard.has_heartbeat() {
+                        // A task spawned on a worker thread sits in that worker's LIFO slot,
+                        // which no other worker can steal from: if the handler then blocks this
+                        // thread, the heartbeat would never start. Yielding once lets it start
+                        // (arming its timer), so its later wake-ups run on any free worker.
+                        tokio::task::yield_now().await;
+                    }
+                    return Ok(Begin::Proceed(guard));
+                }
+                Ok(ClaimOutcome::Existing(record)) => {
+                    pending.in_doubt = false;
+                    record
+                }
+                Err(error) => {
+                    return match seen_running {
+                        Some(retry_after) => {
+                            tracing::debug!(
+                                %error,
+                                "the store failed while waiting for a running duplicate; answering in flight"
+                            );
+                            Ok(Begin::InFlight { retry_after })
+                        }
+                        // `pending` is dropped armed: the claim may have been made.
+                        None => Err(error),
+                    };
+                }
+            };
+            if record.fingerprint != fingerprint {
+                pending.disarm();
+                return Ok(Begin::Mismatch);
+            }
+            match record.state {
+                RecordState::Completed { response } => {
+                    pending.disarm();
+                    return Ok(Begin::Replay(response));
+                }
+                RecordState::InFlight { lease_remaining } => {
+                    seen_running = Some(lease_remaining);
+                    let now = Instant::now();
+                    if now >= deadline {
+                        pending.disarm();
+                        return Ok(Begin::InFlight {
+                            retry_after: lease_remaining,
+                        });
+                    }
+                    let nap = poll
+                        .min(deadline - now)
+                        .min(lease_remaining.max(FIRST_POLL));
+                    tokio::time::sleep(nap).await;
+                    poll = (poll * 2).min(MAX_POLL);
+                }
+            }
+        }
+    }
+}
+
+impl<S: IdempotencyStore> Shared<S> {
+    /// Stores `response` for the claim of `lease` (one bounded store call).
+    pub(crate) async fn complete(
+        &self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<FenceOutcome, StoreError> {
+        let store = &self.store;
+        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
+        let retention = self.config.retention;
+        self.call(
+            Op::Complete,
+            store.complete(scope, key, token, response, retention),
+        )
+        .await
+    }
+
+    /// Extends the claim of `lease` by one lease (one bounded store call).
+    pub(crate) async fn extend(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
+        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
+        self.call(
+            Op::Extend,
+            self.store.extend(scope, key, token, lease.length()),
+        )
+        .await
+    }
+
+    /// Releases the claim of `lease` (one bounded store call).
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
+        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
+        self.call(Op::Release, self.store.release(scope, key, token))
+            .await
+    }
+
+    /// One store call, bounded by the store timeout, timed and counted per operation.
+    pub(crate) async fn call<T>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let backend = self.store.backend();
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(self.config.store_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout {
+                backend,
+                timeout: self.config.store_timeout,
+            }),
+        };
+        let op = op.name();
+        metrics::histogram!("idempotency_store_duration_seconds", "backend" => backend, "op" => op)
+            .record(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            metrics::counter!("idempotency_store_errors_total", "backend" => backend, "op" => op)
+                .increment(1);
+        }
+        result
+    }
+}
+
+/// A claim sent to the store whose outcome this request has not taken yet. If `begin` ends
+/// without a definite answer (an error, a timeout, or its future dropped), the claim may exist
+/// in the store with this request's token, so it is released in the background: the release is
+/// fenced by the token, so it never touches anyone else's claim.
+struct PendingClaim<'a, S: IdempotencyStore + 'static> {
+    shared: &'a Arc<Shared<S>>,
+    claim: Option<(Scope, IdempotencyKey, LeaseToken)>,
+    sent_at: Instant,
+    /// A claim call was sent and its answer not taken: the store may hold our claim.
+    in_doubt: bool,
+}
+
+impl<S: IdempotencyStore + 'static> PendingClaim<'_, S> {
+    /// The store answered without giving us the key: nothing to release.
+    fn disarm(&mut self) {
+        self.claim = None;
+    }
+
+    /// The lease of the claim last sent.
+    fn lease(&mut self) -> Option<Lease> {
+        let (scope, key, token) = self.claim.take()?;
+        let length = self.shared.config.lease;
+        Some(Lease::new(scope, key, token, length, self.sent_at))
+    }
+
+    /// The store gave us the key: the guard takes over the claim.
+    fn into_guard(mut self) -> Guard<S> {
+        let Some(lease) = self.lease() else {
+            unreachable!("a pending claim is turned into a guard once")
+        };
+        Guard::new(Arc::clone(self.shared), lease)
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Drop for PendingClaim<'_, S> {
+    fn drop(&mut self) {
+        if !self.in_doubt {
+            return;
+        }
+        if let Some(lease) = self.lease() {
+            spawn_release(Arc::clone(self.shared), lease, "unanswered claim");
+        }
+    }
+}

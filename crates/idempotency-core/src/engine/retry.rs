@@ -1,0 +1,99 @@
+//! Store operations for metrics, and the background retries that keep a claim's promises when a
+//! store call fails: a claim nobody holds is given back, a response whose handler ran is stored.
+
+use super::Shared;
+use super::lease::Lease;
+use crate::{ErrorChain, FenceOutcome, IdempotencyStore, StoreError};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A store step, as named in metrics (`op` label) and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Claim,
+    Complete,
+    Extend,
+    Release,
+    /// Opening a request's transaction.
+    Begin,
+    /// Storing the response in the request's transaction and committing it.
+    Commit,
+    /// Rolling the request's transaction back.
+    Rollback,
+}
+
+impl Op {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Claim => "claim",
+            Op::Complete => "complete",
+            Op::Extend => "extend",
+            Op::Release => "release",
+            Op::Begin => "begin",
+            Op::Commit => "commit",
+            Op::Rollback => "rollback",
+        }
+    }
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Runs `attempt` until it succeeds, backing off between failures, as long as another attempt
+/// can start before `until`. Returns the last error otherwise.
+pub(crate) async fn retry_until<T, F, Fut>(until: Instant, mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if Instant::now() + backoff >= until => return Err(error),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Releases the claim of `lease` in the background, retrying failures until the lease ends
+/// (after which the claim frees itself). Fenced by the token, so it never touches another
+/// request's claim. Needs a Tokio runtime; without one the key frees when its lease runs out.
+pub(crate) fn spawn_release<S: IdempotencyStore + 'static>(
+    shared: Arc<Shared<S>>,
+    lease: Lease,
+    why: &'static str,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            why,
+            "no Tokio runtime to release the key on: it frees when its lease runs out"
+        );
+        return;
+    };
+    let tasks = shared.tasks.clone();
+    tasks.spawn_on(
+        async move {
+            let released = retry_until(lease.deadline(), || shared.release(&lease)).await;
+            let backend = shared.store.backend();
+            match released {
+                Ok(FenceOutcome::Applied) => tracing::debug!(backend, why, "released the key"),
+                Ok(FenceOutcome::Stale) => {
+                    tracing::debug!(backend, why, "nothing to release: the claim was not ours")
+                }
+                Err(error) => tracing::warn!(
+                    backend,
+                    why,
+                    error = %ErrorChain(&error),
+                    "could not release the key; it frees when its lease runs out"
+                ),
+            }
+        },
+        &runtime,
+    );
+}

@@ -1,0 +1,241 @@
+//! Transactional completion: the handler's writes and the stored response commit together.
+//!
+//! A store whose records live in the same transactional database as the application's data
+//! (PostgreSQL, ADR 009) implements [`TransactionalStore`]. For each request that proceeds, the
+//! engine then offers a [`TransactionSlot`]: the handler opens it (the HTTP layer puts it in the
+//! request extensions, and axum handlers take it as an extractor), does its writes in the
+//! transaction, and returns its response; the engine stores that response in the **same**
+//! transaction, fenced by the claim's token, and commits. So a crash, a store error or a lost
+//! lease at any instant leaves both the side effect and the stored response, or neither.
+//!
+//! The handler never commits: the transaction types give it no way to, and the engine checks
+//! at commit time that the transaction it opened is still the one running.
+
+use crate::{StoreError, StoredResponse};
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use crate::{IdempotencyKey, LeaseToken, Scope};
+
+/// A store that can open a database transaction in which the handler's writes and the stored
+/// response commit together. Reached through
+/// [`IdempotencyStore::transactional`](crate::IdempotencyStore::transactional).
+#[async_trait::async_trait]
+pub trait TransactionalStore: Send + Sync {
+    /// Begins a transaction on the store's database and checks, inside it, that `token` still
+    /// holds a live claim on `(scope, key)`. `Ok(None)` when it does not (the lease was lost):
+    /// nothing is left open.
+    async fn begin_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError>;
+}
+
+/// What [`StoreTransaction::complete_and_commit`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommitOutcome {
+    /// The response was stored and the transaction committed: the side effect and the record
+    /// both exist.
+    Committed,
+    /// The token no longer held the claim (the lease ran out and the key was taken over): the
+    /// transaction rolled back, so none of the handler's writes exist.
+    LeaseLost,
+    /// The transaction the store opened was no longer running: the handler ended it itself
+    /// (a raw `COMMIT` or `ROLLBACK`). Whether its writes exist is unknown; nothing was stored.
+    EndedByHandler,
+}
+
+/// An open transaction of a [`TransactionalStore`], bound to one claim.
+///
+/// Implementations also expose the database handle the handler writes with (through `Deref`
+/// to their driver's client, say), and never a way to commit it.
+#[async_trait::async_trait]
+pub trait StoreTransaction: Send + Sync + 'static {
+    /// In this transaction: stores `response` for `retention` if the claim's token still holds
+    /// the claim, then commits. [`CommitOutcome::LeaseLost`] and
+    /// [`CommitOutcome::EndedByHandler`] commit nothing. An `Err` means the commit did not
+    /// happen or its outcome is unknown; either way the record still carries the claim's token
+    /// unless the commit happened, so a fenced release afterwards is always safe.
+    async fn complete_and_commit(
+        self: Box<Self>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError>;
+
+    /// Rolls the transaction back: none of its writes exist afterwards.
+    async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// `self` as `Any`, so [`TransactionSlot::open`] can hand the handler the concrete type.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Why a request's transaction could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionError {
+    /// The request has no transaction to offer: it is not behind the idempotency layer (a
+    /// method or route it does not cover, or no key), or its store is not transactional.
+    #[error(
+        "this request has no idempotency transaction: it is not covered by the idempotency layer \
+         (method, route or missing key), or the store does not support transactions \
+         (only the PostgreSQL store does)"
+    )]
+    Unavailable,
+    /// The lease was lost before the transaction was opened: another request may be running
+    /// this one.
+    #[error("the request's idempotency lease was lost; another request may hold its key")]
+    LeaseLost,
+    /// The request already finished, and its transaction with it.
+    #[error("the request's idempotency transaction is already closed")]
+    Closed,
+    /// The transaction is of another store's type than the one asked for.
+    #[error("the request's idempotency transaction is not a {expected}")]
+    WrongType {
+        /// The type asked for.
+        expected: &'static str,
+    },
+    /// The store could not open the transaction.
+    #[error("could not open the idempotency transaction")]
+    Store(#[source] StoreError),
+}
+
+impl TransactionError {
+    /// True when retrying the request later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            TransactionError::LeaseLost => true,
+            TransactionError::Store(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) type OpenFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Box<dyn StoreTransaction>, TransactionError>> + Send + 'a>>;
+
+/// Opens the transaction of one claim (made by the engine, which knows the store's type).
+pub(crate) trait Opener: Send + Sync {
+    fn open(&self) -> OpenFuture<'_>;
+}
+
+pub(crate) enum SlotState {
+    /// Not opened yet: the handler has not asked for it.
+    Unopened(Box<dyn Opener>),
+    /// Open: the handler may be writing in it.
+    Open(Box<dyn StoreTransaction>),
+    /// Completed, rolled back, or refused: it cannot be opened (again).
+    Closed,
+}
+
+/// The transaction a request may write in, opened on first use. The HTTP layer puts a clone in
+/// the extensions of every request it lets proceed on a [`TransactionalStore`];
+/// [`Guard::transaction`](crate::Guard::transaction) gives it to other callers.
+#[derive(Clone)]
+pub struct TransactionSlot(Arc<Mutex<SlotState>>);
+
+impl fmt::Debug for TransactionSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.0.try_lock().as_deref() {
+            Ok(SlotState::Unopened(_)) => "unopened",
+            Ok(SlotState::Open(_)) => "open",
+            Ok(SlotState::Closed) => "closed",
+            Err(_) => "in use",
+        };
+        f.debug_tuple("TransactionSlot").field(&state).finish()
+    }
+}
+
+/// What the engine found in the slot when the request finished.
+pub(crate) enum Taken {
+    /// The handler never opened it.
+    Unopened,
+    /// The open transaction, now the engine's.
+    Open(Box<dyn StoreTransaction>),
+    /// The handler still holds it (it kept its [`Transaction`] past its response).
+    Busy,
+    /// It was closed already.
+    Closed,
+}
+
+impl TransactionSlot {
+    pub(crate) fn new(opener: Box<dyn Opener>) -> Self {
+        TransactionSlot(Arc::new(Mutex::new(SlotState::Unopened(opener))))
+    }
+
+    /// The request's transaction as the store's transaction type `T` (for the PostgreSQL store,
+    /// `idempotency_postgres::PgTransaction`), opening it on first use. Holds it until the
+    /// returned [`Transaction`] is dropped; drop it before the handler returns.
+    pub async fn open<T: StoreTransaction>(&self) -> Result<Transaction<T>, TransactionError> {
+        let mut state = Arc::clone(&self.0).lock_owned().await;
+        if let SlotState::Unopened(opener) = &*state {
+            match opener.open().await {
+                Ok(tx) => *state = SlotState::Open(tx),
+                Err(error) => {
+                    if matches!(error, TransactionError::LeaseLost) {
+                        *state = SlotState::Closed;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(tx) => tx.as_any_mut().downcast_mut::<T>(),
+            _ => None,
+        })
+        .map(Transaction)
+        .map_err(|state| match &*state {
+            SlotState::Open(_) => TransactionError::WrongType {
+                expected: std::any::type_name::<T>(),
+            },
+            _ => TransactionError::Closed,
+        })
+    }
+
+    /// Takes the transaction out for completion, waiting up to `wait` for the handler to let go
+    /// of it; the slot is closed afterwards.
+    pub(crate) async fn take(&self, wait: Duration) -> Taken {
+        let Ok(mut state) = tokio::time::timeout(wait, self.0.lock()).await else {
+            return Taken::Busy;
+        };
+        match std::mem::replace(&mut *state, SlotState::Closed) {
+            SlotState::Unopened(_) => Taken::Unopened,
+            SlotState::Open(tx) => Taken::Open(tx),
+            SlotState::Closed => Taken::Closed,
+        }
+    }
+}
+
+/// The request's open transaction, as the store's type `T`; it derefs to `T`, which gives the
+/// handler its database handle. There is no commit: the engine commits it together with the
+/// stored response after the handler returns, or rolls it back.
+pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<SlotState, T>);
+
+impl<T: 'static> Deref for Transaction<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: 'static> DerefMut for Transaction<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: 'static> fmt::Debug for Transaction<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Transaction")
+            .field(&std::any::type_name::<T>())
+            .finish()
+    }
+}

@@ -1,0 +1,96 @@
+//! The command line of the demo service (`cargo run -p idempotency-demo`).
+
+use clap::Parser;
+use std::net::SocketAddr;
+
+/// ADR 009's task API behind the idempotency layer.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Idempotency store: `memory` (embedded, nothing to set up), `postgres://...` (tasks and
+    /// keys in that database), `redis://...` or `redis+cluster://host:port,host:port`.
+    #[arg(long, env = "IDEMPOTENCY_STORE", default_value = "memory")]
+    store: String,
+    /// Idempotency lease in seconds: how long the key of a request whose process died stays
+    /// blocked before a retry may run it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    lease: f64,
+    /// How long responses are replayed, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400.0)]
+    retention: f64,
+    /// On PostgreSQL, write tasks on their own connection instead of in the request's
+    /// idempotency transaction: shows the hazard the transaction removes (a crash between the
+    /// task and its stored response makes the retry create a second task).
+    #[arg(long)]
+    tasks_outside_transaction: bool,
+}
+
+/// Seconds from the command line as a duration, or a message saying what is wrong.
+fn seconds(flag: &str, value: f64) -> Result<std::time::Duration, String> {
+    std::time::Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("--{flag} must be a positive number of seconds, not {value}"))
+}
+
+/// Parses the command line, then serves the task API until Ctrl-C or SIGTERM.
+pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,idempotency=debug".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let options = crate::Options {
+        lease: seconds("lease", args.lease)?,
+        retention: seconds("retention", args.retention)?,
+        tasks_in_transaction: !args.tasks_outside_transaction,
+    };
+    let app = crate::build_app_with(&args.store, &options)
+        .await
+        .map_err(|e| idempotency::ErrorChain(&e).to_string())?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let scheme_only = args.store.split("://").next().unwrap_or("memory");
+    tracing::info!(
+        "listening on http://{} (store: {scheme_only})",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%e, "could not listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(%e, "could not listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,82 @@
+//! What the layer is configured with, shared by every service it makes.
+
+use http::request::Parts;
+use http::{HeaderName, Method};
+use idempotency_core::{BodyCanonicalization, Engine, KeyFormat, Scope};
+use std::fmt;
+use std::sync::Arc;
+
+/// Which wire conventions the layer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The IETF draft (`draft-ietf-httpapi-idempotency-key-header`): a key reused with another
+    /// request is `422 Unprocessable Content`.
+    #[default]
+    Ietf,
+    /// Stripe's API: a key reused with another request is `400` with code `idempotency_error`,
+    /// an in-flight duplicate is `409` with code `idempotency_key_in_use`.
+    Stripe,
+}
+
+/// The default prefix of problem `type` URIs.
+pub(crate) const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:idempotency:problem:";
+
+type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+
+/// Where the scope (the authenticated principal) of a request comes from. Chosen on the
+/// builder; the layer cannot be built without it.
+#[derive(Clone)]
+pub(crate) enum ScopeSource {
+    /// Every caller shares one key space (the dangerous opt-out).
+    Unscoped,
+    /// Taken from the request; `None` refuses the request with 401.
+    Extract(ScopeFn),
+}
+
+impl fmt::Debug for ScopeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopeSource::Unscoped => f.write_str("Unscoped"),
+            ScopeSource::Extract(_) => f.write_str("Extract"),
+        }
+    }
+}
+
+/// The layer's HTTP settings (the protocol's are the engine's).
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_required: bool,
+    pub(crate) key_format: KeyFormat,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_stored_body: usize,
+    pub(crate) fail_open: bool,
+    pub(crate) profile: Profile,
+    pub(crate) canonicalization: BodyCanonicalization,
+    pub(crate) problem_type_base: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            header: HeaderName::from_static("idempotency-key"),
+            methods: vec![Method::POST, Method::PATCH, Method::DELETE],
+            key_required: true,
+            key_format: KeyFormat::UuidV4,
+            max_request_body: 1024 * 1024,
+            max_stored_body: 1024 * 1024,
+            fail_open: false,
+            profile: Profile::Ietf,
+            canonicalization: BodyCanonicalization::Json,
+            problem_type_base: DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
+        }
+    }
+}
+
+/// Everything a service needs, built once by the layer.
+pub(crate) struct Shared<S> {
+    pub(crate) engine: Engine<S>,
+    pub(crate) scope: ScopeSource,
+    pub(crate) settings: Settings,
+}

@@ -1,0 +1,115 @@
+//! axum extractors (feature `axum`).
+
+use crate::config::Profile;
+use crate::problem::Problem;
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, Response};
+use http::request::Parts;
+use idempotency_core::{StoreTransaction, Transaction, TransactionError, TransactionSlot};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+/// The request's idempotency transaction, as an axum extractor: the handler's writes in it and
+/// the response it returns commit together (see
+/// [`TransactionalStore`](idempotency_core::TransactionalStore)). `T` is the store's transaction
+/// type, `idempotency_postgres::PgTransaction` for PostgreSQL.
+///
+/// ```ignore
+/// async fn create_task(tx: Tx<PgTransaction>, Json(task): Json<NewTask>) -> impl IntoResponse {
+///     tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&task.title]).await?;
+///     (StatusCode::CREATED, "created") // stored and committed with the insert
+/// }
+/// ```
+///
+/// As `Option<Tx<T>>` it is `None` where the request has no transaction (a route or method the
+/// layer does not cover, or a store that is not transactional), so one handler can serve both.
+/// Drop it before the handler returns (never move it into a spawned task or the response body).
+pub struct Tx<T: 'static>(pub Transaction<T>);
+
+impl<T: 'static> Deref for Tx<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: 'static> DerefMut for Tx<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: 'static> fmt::Debug for Tx<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Tx").field(&self.0).finish()
+    }
+}
+
+impl<S: Send + Sync, T: StoreTransaction> FromRequestParts<S> for Tx<T> {
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, TxRejection> {
+        let slot = parts
+            .extensions
+            .get::<TransactionSlot>()
+            .cloned()
+            .ok_or(TxRejection(TransactionError::Unavailable))?;
+        slot.open::<T>().await.map(Tx).map_err(TxRejection)
+    }
+}
+
+impl<S: Send + Sync, T: StoreTransaction> OptionalFromRequestParts<S> for Tx<T> {
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, TxRejection> {
+        let Some(slot) = parts.extensions.get::<TransactionSlot>().cloned() else {
+            return Ok(None);
+        };
+        slot.open::<T>()
+            .await
+            .map(|tx| Some(Tx(tx)))
+            .map_err(TxRejection)
+    }
+}
+
+/// Why [`Tx`] could not be extracted; answers with RFC 9457 problem+json: 409 when the lease was
+/// lost, 503 with `Retry-After` when the store failed, 500 for a misconfiguration (no
+/// transaction on this route, or another store's transaction type).
+#[derive(Debug)]
+pub struct TxRejection(pub TransactionError);
+
+impl fmt::Display for TxRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for TxRejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl IntoResponse for TxRejection {
+    fn into_response(self) -> Response {
+        let retry_after = Duration::from_secs(1);
+        let problem = match &self.0 {
+            TransactionError::LeaseLost => Problem::InFlight { retry_after },
+            TransactionError::Store(error) => {
+                tracing::warn!(error = %idempotency_core::ErrorChain(error), "could not open the request's idempotency transaction");
+                Problem::StoreUnavailable { retry_after }
+            }
+            other => {
+                tracing::error!(error = %other, "the handler asked for an idempotency transaction it cannot have");
+                Problem::TransactionUnavailable
+            }
+        };
+        problem
+            .into_response(Profile::default(), crate::config::DEFAULT_PROBLEM_TYPE_BASE)
+            .map(axum_core::body::Body::new)
+    }
+}

@@ -1,0 +1,324 @@
+//! Faults of the store and of the handler's thread around the side effect, on the memory store
+//! wrapped in a fault injector: for each, what the client sees and how many times the side effect
+//! ran.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idempotency_conformance::faults::{Fault, FaultyStore, Op};
+use idempotency_core::Scope;
+use idempotency_memory::MemoryStore;
+use idempotency_tower::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+
+type Store = FaultyStore<MemoryStore>;
+type Builder = IdempotencyLayerBuilder<Store, ScopeSet>;
+
+#[derive(Clone)]
+struct User;
+
+/// An app whose routes count their side effects in `runs`:
+/// - `/orders` runs at once;
+/// - `/slow` takes 1 s;
+/// - `/blocking` blocks its worker thread for 1.5 s (`std::thread::sleep`);
+/// - `/streaming` answers its head at once and its body in three chunks 500 ms apart.
+fn app(
+    store: &Store,
+    runs: &Arc<AtomicUsize>,
+    configure: impl FnOnce(Builder) -> Builder,
+) -> Router {
+    let layer = configure(
+        IdempotencyLayer::builder(store.clone()).scope_with(|parts| {
+            parts
+                .extensions
+                .get::<User>()
+                .map(|_| Scope::new("alice").unwrap())
+        }),
+    )
+    .build();
+    let counted = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        move || runs.fetch_add(1, Ordering::SeqCst) + 1
+    };
+    let (orders, slow, blocking, streaming) =
+        (counted(runs), counted(runs), counted(runs), counted(runs));
+    Router::new()
+        .route(
+            "/orders",
+            post(move || async move { (StatusCode::CREATED, format!("order {}", orders())) }),
+        )
+        .route(
+            "/slow",
+            post(move || async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                (StatusCode::CREATED, format!("slow {}", slow()))
+            }),
+        )
+        .route(
+            "/blocking",
+            post(move || async move {
+                let n = blocking();
+                std::thread::sleep(Duration::from_millis(1500));
+                (StatusCode::CREATED, format!("blocking {n}"))
+            }),
+        )
+        .route(
+            "/streaming",
+            post(move || async move {
+                let n = streaming();
+                let chunks = futures_util::stream::unfold(0, move |i| async move {
+                    if i == 3 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(Bytes::from(format!("{n}.{i} "))),
+                        i + 1,
+                    ))
+                });
+                (StatusCode::CREATED, Body::from_stream(chunks))
+            }),
+        )
+        .layer(layer)
+}
+
+const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+fn post_to(path: &str) -> Request<Body> {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header("idempotency-key", KEY)
+        .body(Body::from("{}"))
+        .unwrap();
+    request.extensions_mut().insert(User);
+    request
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Bytes) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// Sends `path` until it is answered with something other than 409, for up to `within`.
+async fn until_not_conflict(app: &Router, path: &str, within: Duration) -> (StatusCode, Bytes) {
+    let until = Instant::now() + within;
+    loop {
+        let (status, body) = send(app, post_to(path)).await;
+        if status != StatusCode::CONFLICT || Instant::now() > until {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The store fails when the response is stored: the client still gets the handler's response,
+/// the claim is kept (a retry gets 409, never a second run), and once the store is back the
+/// response is stored in the background and replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_completion_keeps_the_claim_and_stores_the_response_later() {
+    for fault in [Fault::Fail, Fault::Hang] {
+        let store = FaultyStore::new(MemoryStore::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app(&store, &runs, |b| {
+            b.lease(Duration::from_secs(30))
+                .store_timeout(Duration::from_millis(200))
+        });
+        store.set(Op::Complete, fault);
+        let (status, body) = send(&app, post_to("/orders")).await;
+        assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"order 1"[..]));
+        let (status, _) = send(&app, post_to("/orders")).await;
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "{fault:?}: the side effect exists, so its key must stay claimed"
+        );
+        store.clear(Op::Complete);
+        let (status, body) = until_not_conflict(&app, "/orders", Duration::from_secs(5)).await;
+        assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"order 1"[..]));
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{fault:?}: ran twice");
+    }
+}
+
+/// A duplicate that waits for the running request (`in_flight_wait`) longer than one store call
+/// may take is answered from the first request, never 503, and fail-open never runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_running_request_is_not_a_store_timeout() {
+    for fail_open in [false, true] {
+        let store = FaultyStore::new(MemoryStore::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app(&store, &runs, |b| {
+            b.in_flight_wait(Duration::from_secs(3))
+                .store_timeout(Duration::from_millis(300))
+                .fail_open(fail_open)
+        });
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, post_to("/slow")).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, body) = send(&app, post_to("/slow")).await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::CREATED, &b"slow 1"[..]),
+            "fail_open({fail_open}): the waiting duplicate must get the first response"
+        );
+        assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "fail_open({fail_open}): ran twice"
+        );
+    }
+}
+
+/// The claim reaches the store but its answer is delayed by 600 ms; `first` is the client's
+/// first request. Then a retry, 500 ms after the answer, must run: the claim nobody saw must not
+/// block the key for its 30 s lease.
+async fn claim_answer_lost(store_timeout: Duration, first: impl AsyncFnOnce(&Router)) {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_secs(30))
+            .store_timeout(store_timeout)
+    });
+    store.set(Op::Claim, Fault::DelayAfter(Duration::from_millis(600)));
+    first(&app).await;
+    store.clear(Op::Claim);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, body) = send(&app, post_to("/orders")).await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CREATED, &b"order 1"[..]),
+        "the key must not stay blocked by a claim nobody holds"
+    );
+}
+
+/// The store takes the claim but its answer comes after the store timeout: the client gets 503,
+/// and the claim it never saw is given back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_timed_out_is_released() {
+    claim_answer_lost(Duration::from_millis(200), async |app: &Router| {
+        let (status, _) = send(app, post_to("/orders")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    })
+    .await;
+}
+
+/// The client goes away while the claim is on its way: the claim it never saw is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cut_off_by_a_gone_client_is_released() {
+    claim_answer_lost(Duration::from_secs(5), async |app: &Router| {
+        let gone =
+            tokio::time::timeout(Duration::from_millis(50), send(app, post_to("/orders"))).await;
+        assert!(gone.is_err(), "the client left before the answer");
+    })
+    .await;
+}
+
+/// Starts `path` (a handler slower than the 600 ms lease), sends its duplicate after 1 s, and
+/// returns the duplicate's status and the first request's answer.
+async fn duplicate_after_the_first_lease(path: &str) -> (StatusCode, (StatusCode, Bytes)) {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let first = tokio::spawn({
+        let (app, path) = (app.clone(), path.to_owned());
+        async move { send(&app, post_to(&path)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (duplicate, _) = send(&app, post_to(path)).await;
+    let first = first.await.unwrap();
+    if duplicate == StatusCode::CONFLICT {
+        let (status, body) = send(&app, post_to(path)).await;
+        assert_eq!(
+            (status, &body),
+            (first.0, &first.1),
+            "the retry replays the first answer"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{path} ran twice");
+    (duplicate, first)
+}
+
+/// A handler that blocks its worker thread for longer than the lease keeps its key: the
+/// heartbeat runs on its own task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_blocking_its_thread_keeps_its_lease() {
+    let (duplicate, first) = duplicate_after_the_first_lease("/blocking").await;
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    assert_eq!(first.0, StatusCode::CREATED);
+}
+
+/// A response whose body takes longer than the lease to arrive keeps its key until the body is
+/// stored: the heartbeat covers the whole request, not only the handler's head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_response_body_keeps_its_lease_until_stored() {
+    let (duplicate, first) = duplicate_after_the_first_lease("/streaming").await;
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    assert_eq!(
+        (first.0, &first.1[..]),
+        (StatusCode::CREATED, &b"1.0 1.1 1.2 "[..])
+    );
+}
+
+/// The handler finds its claim in the request extensions: its key, its fencing token (which the
+/// store accepts), and a future that resolves when the lease is lost, here because the store
+/// refuses every heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
+    use axum::Extension;
+    use idempotency_core::{IdempotencyStore, Lease};
+    let store = FaultyStore::new(MemoryStore::default());
+    let layer = IdempotencyLayer::builder(store.clone())
+        .scope_with(|_| Some(Scope::new("alice").unwrap()))
+        .lease(Duration::from_millis(600))
+        .build();
+    let inner = store.inner().clone();
+    let app = Router::new()
+        .route(
+            "/watch",
+            post(move |Extension(lease): Extension<Lease>| async move {
+                assert_eq!(lease.key().as_str(), KEY);
+                assert!(lease.is_held());
+                let by_token = inner
+                    .extend(lease.scope(), lease.key(), lease.token(), Duration::from_millis(600))
+                    .await
+                    .unwrap();
+                let started = Instant::now();
+                tokio::select! {
+                    () = lease.lost() => {
+                        assert!(!lease.is_held());
+                        format!("{by_token:?}; lost after {} ms", started.elapsed().as_millis() / 100 * 100)
+                    }
+                    () = tokio::time::sleep(Duration::from_secs(5)) => "kept".to_owned(),
+                }
+            }),
+        )
+        .layer(layer);
+    store.set(Op::Extend, Fault::Fail);
+    let (status, body) = send(&app, post_to("/watch")).await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("Applied; lost after "), "{body}");
+    assert!(store.calls(Op::Extend) > 0, "the heartbeat must have tried");
+}
