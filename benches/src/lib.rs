@@ -1,5 +1,7 @@
-//! What the benches and the report share: the stores under test, how to reach them, and the
-//! same statements sent without the library (the floor).
+//! What the benches, the report and the load generator share: the stores under test, how to
+//! reach them, and the same statements sent without the library (the floor).
+
+pub mod load;
 
 use bytes::Bytes;
 use idempotency::postgres::tokio_postgres::{self, NoTls};
@@ -12,15 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// An error and its sources, as one line.
-pub fn err(e: impl std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    message
+pub fn err(e: impl std::error::Error + 'static) -> String {
+    idempotency::ErrorChain(&e).to_string()
 }
 
 /// A store (and table mode) under test.
@@ -68,10 +63,8 @@ pub struct Servers {
 impl Default for Servers {
     fn default() -> Self {
         Servers {
-            postgres: std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
-            redis: std::env::var("IDEMPOTENCY_TEST_REDIS_URL")
-                .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+            postgres: idempotency_testkit::env::postgres_url(),
+            redis: idempotency_testkit::env::redis_url(),
         }
     }
 }
@@ -111,7 +104,7 @@ pub async fn connect(
         }),
         Target::Redis => {
             let prefix = format!("idem-bench:{}:", uuid::Uuid::new_v4().simple());
-            let store = RedisStore::connect(&servers.redis)
+            let store = RedisStore::builder(&servers.redis)
                 .key_prefix(&prefix)
                 .build()
                 .await
@@ -124,7 +117,7 @@ pub async fn connect(
         }
         Target::Postgres(mode) => {
             let schema = bench_schema(mode);
-            let store = PostgresStore::connect(&servers.postgres)
+            let store = PostgresStore::builder(&servers.postgres)
                 .schema(&schema)
                 .table_mode(mode)
                 .pool_size(pool_size)

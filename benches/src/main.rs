@@ -1,12 +1,18 @@
-//! `idempotency-bench report`: re-evaluates ADR 009 with numbers measured on this machine (or
-//! against the database and Redis you point it at) and writes a Markdown report with a chart.
+//! `idempotency-bench`: `report` re-evaluates ADR 009 with numbers measured on this machine (or
+//! against the database and Redis you point it at) and writes a Markdown report with a chart;
+//! `load` sends a duplicate-heavy mix to the demo service over loopback HTTP and counts double
+//! executions.
 
 mod report;
 
 use clap::{Parser, Subcommand};
+use idempotency_bench::load::{LoadConfig, run};
 
 #[derive(Parser, Debug)]
-#[command(version, about = "Benchmarks and the ADR 009 re-evaluation report")]
+#[command(
+    version,
+    about = "Benchmarks, the ADR 009 re-evaluation report, and load"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +22,26 @@ struct Cli {
 enum Command {
     /// Runs the workload on every reachable store and table mode and writes the report.
     Report(report::Args),
+    /// Sends a duplicate-heavy mix to the demo service on each store and counts double
+    /// executions; fails when there is one.
+    Load(LoadArgs),
+}
+
+/// Settings of a load run.
+#[derive(clap::Args, Debug)]
+struct LoadArgs {
+    /// Stores to run on (repeatable). Default: memory, the loopback PostgreSQL and Redis.
+    #[arg(long)]
+    store: Vec<String>,
+    /// Logical requests (distinct keys) per store.
+    #[arg(long, default_value_t = 5000)]
+    logical: usize,
+    /// Clients at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Duplicates per burst.
+    #[arg(long, default_value_t = 8)]
+    burst: usize,
 }
 
 fn main() -> std::process::ExitCode {
@@ -30,15 +56,72 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let Command::Report(args) = cli.command;
-    match runtime.block_on(report::run(args)) {
-        Ok(path) => {
-            println!("report written to {}", path.display());
-            std::process::ExitCode::SUCCESS
+    match cli.command {
+        Command::Report(args) => match runtime.block_on(report::run(args)) {
+            Ok(path) => {
+                println!("report written to {}", path.display());
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("report failed: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Command::Load(args) => runtime.block_on(load(args)),
+    }
+}
+
+/// Runs the load on every store and prints one Markdown row per store.
+async fn load(args: LoadArgs) -> std::process::ExitCode {
+    let stores = if args.store.is_empty() {
+        vec![
+            "memory".to_owned(),
+            idempotency_testkit::env::postgres_url(),
+            idempotency_testkit::env::redis_url(),
+        ]
+    } else {
+        args.store
+    };
+    println!(
+        "| store | logical requests | HTTP requests | duplicates sent | double executions | never created | unexpected | p50 µs | p99 µs | requests/s |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut failed = false;
+    for store in stores {
+        let config = LoadConfig {
+            store: store.clone(),
+            logical: args.logical,
+            concurrency: args.concurrency,
+            users: 16,
+            burst: args.burst,
+        };
+        match run(&config).await {
+            Ok(r) => {
+                let scheme = store.split("://").next().unwrap_or(&store);
+                println!(
+                    "| {scheme} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+                    args.logical,
+                    r.requests,
+                    r.duplicates,
+                    r.double_executions,
+                    r.never_created,
+                    r.unexpected.len(),
+                    r.p50_us,
+                    r.p99_us,
+                    r.requests as f64 / r.elapsed.as_secs_f64()
+                );
+                failed |=
+                    r.double_executions != 0 || !r.unexpected.is_empty() || r.never_created != 0;
+            }
+            Err(e) => {
+                eprintln!("{store}: {e}");
+                failed = true;
+            }
         }
-        Err(e) => {
-            eprintln!("report failed: {e}");
-            std::process::ExitCode::FAILURE
-        }
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
     }
 }

@@ -3,8 +3,6 @@
 //! per store.
 #![allow(clippy::unwrap_used)]
 
-pub mod load;
-
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
@@ -15,7 +13,7 @@ use idempotency::{
     IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyStore, MemoryStore, PostgresStore,
     RedisStore, ScopeSet,
 };
-use idempotency_conformance::env::{postgres_url, redis_url, server_unreachable};
+use idempotency_testkit::env::{postgres_url, redis_url, server_unreachable};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -55,7 +53,7 @@ impl Namespace {
             Backend::Memory => Arc::new(MemoryStore::default()),
             Backend::Postgres => {
                 let url = postgres_url();
-                let store = PostgresStore::connect(&url)
+                let store = PostgresStore::builder(&url)
                     .schema(&self.name)
                     .pool_size(16)
                     .build()
@@ -67,7 +65,7 @@ impl Namespace {
             Backend::Redis => {
                 let url = redis_url();
                 Arc::new(
-                    RedisStore::connect(&url)
+                    RedisStore::builder(&url)
                         .key_prefix(format!("{}:", self.name))
                         .build()
                         .await
@@ -80,13 +78,7 @@ impl Namespace {
     /// Removes what the namespace left on the server (the Postgres schema; Redis keys expire).
     pub async fn cleanup(self) {
         if self.backend == Backend::Postgres {
-            let url = postgres_url();
-            let store = PostgresStore::connect(&url).build().await.unwrap();
-            let client = store.pool().get().await.unwrap();
-            client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-                .await
-                .unwrap();
+            idempotency_testkit::drop_test_schema(&self.name).await;
         }
     }
 }

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idempotency_conformance::env::{postgres_url, redis_url};
+use idempotency_testkit::env::{postgres_url, redis_url};
 use tower::ServiceExt;
 
 async fn call(
@@ -212,57 +212,67 @@ async fn the_task_api_runs_each_write_once(store_url: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn demo_on_memory() {
-    the_task_api_runs_each_write_once("memory").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn demo_on_postgres() {
-    the_task_api_runs_each_write_once(&postgres_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn demo_on_redis() {
-    the_task_api_runs_each_write_once(&redis_url()).await;
-}
-
-/// Two demo processes on one PostgreSQL database share tasks and keys: 32 concurrent creates
-/// with one key, split between them, make one task.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_demo_instances_on_postgres_create_one_task() {
-    let url = postgres_url();
-    let a = idempotency_demo::build_app(&url).await.unwrap();
-    let b = idempotency_demo::build_app(&url).await.unwrap();
-    let user = uuid::Uuid::new_v4().to_string();
-    let key = uuid::Uuid::new_v4().to_string();
-    let tasks: Vec<_> = (0..32)
-        .map(|i| {
-            let app = if i % 2 == 0 { a.clone() } else { b.clone() };
-            let (user, key) = (user.clone(), key.clone());
-            tokio::spawn(async move {
-                call(
-                    &app,
-                    Method::POST,
-                    "/tasks",
-                    &user,
-                    Some(&key),
-                    r#"{"title":"once"}"#,
-                )
-                .await
-                .0
-            })
-        })
-        .collect();
-    for t in tasks {
-        let status = t.await.unwrap();
-        assert!(
-            matches!(status, StatusCode::CREATED | StatusCode::CONFLICT),
-            "{status}"
-        );
+mod memory {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_task_api_runs_each_write_once() {
+        super::the_task_api_runs_each_write_once("memory").await;
     }
-    let (_, _, list_a) = call(&a, Method::GET, "/tasks", &user, None, "").await;
-    let (_, _, list_b) = call(&b, Method::GET, "/tasks", &user, None, "").await;
-    assert_eq!(json(&list_a).as_array().unwrap().len(), 1);
-    assert_eq!(list_a, list_b);
+}
+
+mod postgres {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_task_api_runs_each_write_once() {
+        super::the_task_api_runs_each_write_once(&postgres_url()).await;
+    }
+
+    /// Two demo processes on one PostgreSQL database share tasks and keys: 32 concurrent creates
+    /// with one key, split between them, make one task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_demo_instances_create_one_task() {
+        let url = postgres_url();
+        let a = idempotency_demo::build_app(&url).await.unwrap();
+        let b = idempotency_demo::build_app(&url).await.unwrap();
+        let user = uuid::Uuid::new_v4().to_string();
+        let key = uuid::Uuid::new_v4().to_string();
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let app = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let (user, key) = (user.clone(), key.clone());
+                tokio::spawn(async move {
+                    call(
+                        &app,
+                        Method::POST,
+                        "/tasks",
+                        &user,
+                        Some(&key),
+                        r#"{"title":"once"}"#,
+                    )
+                    .await
+                    .0
+                })
+            })
+            .collect();
+        for t in tasks {
+            let status = t.await.unwrap();
+            assert!(
+                matches!(status, StatusCode::CREATED | StatusCode::CONFLICT),
+                "{status}"
+            );
+        }
+        let (_, _, list_a) = call(&a, Method::GET, "/tasks", &user, None, "").await;
+        let (_, _, list_b) = call(&b, Method::GET, "/tasks", &user, None, "").await;
+        assert_eq!(json(&list_a).as_array().unwrap().len(), 1);
+        assert_eq!(list_a, list_b);
+    }
+}
+
+mod redis {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_task_api_runs_each_write_once() {
+        super::the_task_api_runs_each_write_once(&redis_url()).await;
+    }
 }

@@ -4,348 +4,351 @@
 //! outside the key's transaction the same test finds keys with two, so it is known to see them.
 #![allow(clippy::unwrap_used)]
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use idempotency::postgres::tokio_postgres::{self, NoTls};
-use idempotency_conformance::env::{postgres_url, server_unreachable};
-use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+mod postgres {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::{Method, Request, StatusCode};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+    use idempotency::postgres::tokio_postgres::{self, NoTls};
+    use idempotency_testkit::env::{postgres_url, server_unreachable};
+    use std::net::SocketAddr;
+    use std::process::Stdio;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::process::{Child, Command};
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+    type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// Concurrent clients during the crash.
-const CLIENTS: usize = 16;
-/// The lease of the demo in the crash tests: how long the claims of the killed process block
-/// their keys.
-const CRASH_LEASE: &str = "2";
+    /// Concurrent clients during the crash.
+    const CLIENTS: usize = 16;
+    /// The lease of the demo in the crash tests: how long the claims of the killed process block
+    /// their keys.
+    const CRASH_LEASE: &str = "2";
 
-/// A database of its own on the shared server, dropped at the end.
-struct Database {
-    name: String,
-    url: String,
-}
-
-impl Database {
-    async fn create() -> Database {
-        let admin = postgres_url();
-        let name = format!("idem_once_{}", uuid::Uuid::new_v4().simple());
-        let client = connect(&admin).await;
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let url = match admin.rsplit_once('/') {
-            Some((server, _)) => format!("{server}/{name}"),
-            None => panic!("IDEMPOTENCY_TEST_POSTGRES_URL must name a database: {admin}"),
-        };
-        Database { name, url }
+    /// A database of its own on the shared server, dropped at the end.
+    struct Database {
+        name: String,
+        url: String,
     }
 
-    /// Of `keys` (each the title of its task), how many have more than one task, and how many
-    /// have a task at all.
-    async fn tasks_per_key(&self, keys: &[String]) -> (i64, i64) {
-        let client = connect(&self.url).await;
-        let row = client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE n > 1), count(*) \
+    impl Database {
+        async fn create() -> Database {
+            let admin = postgres_url();
+            let name = format!("idem_once_{}", uuid::Uuid::new_v4().simple());
+            let client = connect(&admin).await;
+            client
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+            let url = match admin.rsplit_once('/') {
+                Some((server, _)) => format!("{server}/{name}"),
+                None => panic!("IDEMPOTENCY_TEST_POSTGRES_URL must name a database: {admin}"),
+            };
+            Database { name, url }
+        }
+
+        /// Of `keys` (each the title of its task), how many have more than one task, and how many
+        /// have a task at all.
+        async fn tasks_per_key(&self, keys: &[String]) -> (i64, i64) {
+            let client = connect(&self.url).await;
+            let row = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE n > 1), count(*) \
                  FROM (SELECT title, count(*) AS n FROM tasks \
                        WHERE title = ANY($1) GROUP BY title) per_key",
-                &[&keys],
-            )
-            .await
-            .unwrap();
-        (row.get(0), row.get(1))
-    }
+                    &[&keys],
+                )
+                .await
+                .unwrap();
+            (row.get(0), row.get(1))
+        }
 
-    async fn drop(self) {
-        let client = connect(&postgres_url()).await;
-        client
-            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
-            .await
-            .unwrap();
-    }
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-    tokio::spawn(connection);
-    client
-}
-
-/// The demo service as a child process.
-struct Demo {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Demo {
-    async fn start(store: &str, lease: &str, extra: &[&str]) -> Demo {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_demo-server"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--store",
-                store,
-                "--lease",
-                lease,
-            ])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some((_, rest)) = line.split_once("listening on http://") {
-                    let addr = rest.split_whitespace().next().unwrap();
-                    return addr.parse::<SocketAddr>().unwrap();
-                }
-            }
-            panic!("the demo exited before listening");
-        })
-        .await
-        .expect("the demo did not start listening within 30 s");
-        // Keep draining its output so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Demo { child, addr }
-    }
-
-    /// SIGKILL: no shutdown, no completion, no release.
-    async fn kill(mut self) {
-        self.child.kill().await.unwrap();
-    }
-}
-
-async fn post_task(
-    client: &HttpClient,
-    addr: SocketAddr,
-    user: &str,
-    key: &str,
-) -> Result<StatusCode, String> {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(format!("http://{addr}/tasks"))
-        .header("authorization", format!("Bearer {user}"))
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::from(format!(r#"{{"title":"{key}"}}"#))))
-        .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
-        .await
-        .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(status)
-}
-
-/// The keys every client sent (each with its user), recorded before the request goes out.
-type Sent = Arc<Mutex<Vec<(String, String)>>>;
-
-/// Runs `CLIENTS` clients creating tasks, kills the service under them, restarts it, retries
-/// every key to a 201, and returns (keys with two or more tasks, keys sent).
-async fn crash_under_load(db: &Database, extra: &[&str]) -> (i64, usize) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
-    let sent: Sent = Arc::default();
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let (client, sent, addr) = (client.clone(), sent.clone(), demo.addr);
-        clients.push(tokio::spawn(async move {
-            let user = uuid::Uuid::new_v4().to_string();
-            loop {
-                let key = uuid::Uuid::new_v4().to_string();
-                sent.lock().unwrap().push((user.clone(), key.clone()));
-                match post_task(&client, addr, &user, &key).await {
-                    Ok(status) if status.is_success() => {}
-                    Ok(status) => panic!("before the crash: unexpected {status}"),
-                    // The service died under this request.
-                    Err(_) => return,
-                }
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    demo.kill().await;
-    for c in clients {
-        c.await.unwrap();
-    }
-    let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
-    let sent = sent.lock().unwrap().clone();
-    retry_all(&client, demo.addr, &sent).await;
-    demo.kill().await;
-    (count_doubled(db, &sent).await, sent.len())
-}
-
-/// Sends `key` until it is answered 2xx, like a client that retries 409 and 503 and lost
-/// connections, for up to 30 s.
-async fn until_done(client: &HttpClient, addr: SocketAddr, user: &str, key: &str) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match post_task(client, addr, user, key).await {
-            Ok(status) if status.is_success() => return,
-            Ok(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE) | Err(_)
-                if tokio::time::Instant::now() < until =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => panic!("sending {key}: {other:?}"),
+        async fn drop(self) {
+            let client = connect(&postgres_url()).await;
+            client
+                .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+                .await
+                .unwrap();
         }
     }
-}
 
-/// Retries every sent key to completion, `CLIENTS` at a time.
-async fn retry_all(client: &HttpClient, addr: SocketAddr, sent: &[(String, String)]) {
-    use futures_util::StreamExt as _;
-    let retries = sent
-        .iter()
-        .map(|(user, key)| until_done(client, addr, user, key));
-    let mut retries = futures_util::stream::iter(retries).buffer_unordered(CLIENTS);
-    while retries.next().await.is_some() {}
-}
-
-/// Keys with two or more tasks; checks that every sent key has one.
-async fn count_doubled(db: &Database, sent: &[(String, String)]) -> i64 {
-    let keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
-    let (doubled, with_task) = db.tasks_per_key(&keys).await;
-    assert_eq!(
-        with_task as usize,
-        sent.len(),
-        "every key sent must end with a task"
-    );
-    doubled
-}
-
-/// Runs `CLIENTS` clients (each retrying its key until done) while the key table refuses every
-/// `UPDATE` for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
-async fn key_table_refuses_updates(db: &Database, lease: &str, extra: &[&str]) -> (i64, usize) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let demo = Demo::start(&db.url, lease, extra).await;
-    let sent: Sent = Arc::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let (client, sent, stop, addr) = (client.clone(), sent.clone(), stop.clone(), demo.addr);
-        clients.push(tokio::spawn(async move {
-            let user = uuid::Uuid::new_v4().to_string();
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let key = uuid::Uuid::new_v4().to_string();
-                sent.lock().unwrap().push((user.clone(), key.clone()));
-                until_done(&client, addr, &user, &key).await;
-            }
-        }));
+    async fn connect(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls)
+            .await
+            .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+        tokio::spawn(connection);
+        client
     }
-    let admin = connect(&db.url).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    admin
-        .batch_execute(
-            "CREATE FUNCTION refuse_updates() RETURNS trigger LANGUAGE plpgsql AS \
+
+    /// The demo service as a child process.
+    struct Demo {
+        child: Child,
+        addr: SocketAddr,
+    }
+
+    impl Demo {
+        async fn start(store: &str, lease: &str, extra: &[&str]) -> Demo {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_demo-server"))
+                .args([
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--store",
+                    store,
+                    "--lease",
+                    lease,
+                ])
+                .args(extra)
+                .env("RUST_LOG", "info")
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            let addr = tokio::time::timeout(Duration::from_secs(30), async {
+                while let Some(line) = lines.next_line().await.unwrap() {
+                    if let Some((_, rest)) = line.split_once("listening on http://") {
+                        let addr = rest.split_whitespace().next().unwrap();
+                        return addr.parse::<SocketAddr>().unwrap();
+                    }
+                }
+                panic!("the demo exited before listening");
+            })
+            .await
+            .expect("the demo did not start listening within 30 s");
+            // Keep draining its output so it never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            Demo { child, addr }
+        }
+
+        /// SIGKILL: no shutdown, no completion, no release.
+        async fn kill(mut self) {
+            self.child.kill().await.unwrap();
+        }
+    }
+
+    async fn post_task(
+        client: &HttpClient,
+        addr: SocketAddr,
+        user: &str,
+        key: &str,
+    ) -> Result<StatusCode, String> {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{addr}/tasks"))
+            .header("authorization", format!("Bearer {user}"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from(format!(r#"{{"title":"{key}"}}"#))))
+            .map_err(|e| e.to_string())?;
+        let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
+            .await
+            .map_err(|_| "timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(status)
+    }
+
+    /// The keys every client sent (each with its user), recorded before the request goes out.
+    type Sent = Arc<Mutex<Vec<(String, String)>>>;
+
+    /// Runs `CLIENTS` clients creating tasks, kills the service under them, restarts it, retries
+    /// every key to a 201, and returns (keys with two or more tasks, keys sent).
+    async fn crash_under_load(db: &Database, extra: &[&str]) -> (i64, usize) {
+        let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+        let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
+        let sent: Sent = Arc::default();
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            let (client, sent, addr) = (client.clone(), sent.clone(), demo.addr);
+            clients.push(tokio::spawn(async move {
+                let user = uuid::Uuid::new_v4().to_string();
+                loop {
+                    let key = uuid::Uuid::new_v4().to_string();
+                    sent.lock().unwrap().push((user.clone(), key.clone()));
+                    match post_task(&client, addr, &user, &key).await {
+                        Ok(status) if status.is_success() => {}
+                        Ok(status) => panic!("before the crash: unexpected {status}"),
+                        // The service died under this request.
+                        Err(_) => return,
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        demo.kill().await;
+        for c in clients {
+            c.await.unwrap();
+        }
+        let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
+        let sent = sent.lock().unwrap().clone();
+        retry_all(&client, demo.addr, &sent).await;
+        demo.kill().await;
+        (count_doubled(db, &sent).await, sent.len())
+    }
+
+    /// Sends `key` until it is answered 2xx, like a client that retries 409 and 503 and lost
+    /// connections, for up to 30 s.
+    async fn until_done(client: &HttpClient, addr: SocketAddr, user: &str, key: &str) {
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match post_task(client, addr, user, key).await {
+                Ok(status) if status.is_success() => return,
+                Ok(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE) | Err(_)
+                    if tokio::time::Instant::now() < until =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => panic!("sending {key}: {other:?}"),
+            }
+        }
+    }
+
+    /// Retries every sent key to completion, `CLIENTS` at a time.
+    async fn retry_all(client: &HttpClient, addr: SocketAddr, sent: &[(String, String)]) {
+        use futures_util::StreamExt as _;
+        let retries = sent
+            .iter()
+            .map(|(user, key)| until_done(client, addr, user, key));
+        let mut retries = futures_util::stream::iter(retries).buffer_unordered(CLIENTS);
+        while retries.next().await.is_some() {}
+    }
+
+    /// Keys with two or more tasks; checks that every sent key has one.
+    async fn count_doubled(db: &Database, sent: &[(String, String)]) -> i64 {
+        let keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
+        let (doubled, with_task) = db.tasks_per_key(&keys).await;
+        assert_eq!(
+            with_task as usize,
+            sent.len(),
+            "every key sent must end with a task"
+        );
+        doubled
+    }
+
+    /// Runs `CLIENTS` clients (each retrying its key until done) while the key table refuses every
+    /// `UPDATE` for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
+    async fn key_table_refuses_updates(db: &Database, lease: &str, extra: &[&str]) -> (i64, usize) {
+        let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+        let demo = Demo::start(&db.url, lease, extra).await;
+        let sent: Sent = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            let (client, sent, stop, addr) =
+                (client.clone(), sent.clone(), stop.clone(), demo.addr);
+            clients.push(tokio::spawn(async move {
+                let user = uuid::Uuid::new_v4().to_string();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let key = uuid::Uuid::new_v4().to_string();
+                    sent.lock().unwrap().push((user.clone(), key.clone()));
+                    until_done(&client, addr, &user, &key).await;
+                }
+            }));
+        }
+        let admin = connect(&db.url).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        admin
+            .batch_execute(
+                "CREATE FUNCTION refuse_updates() RETURNS trigger LANGUAGE plpgsql AS \
                $$ BEGIN RAISE EXCEPTION 'the key table refuses updates'; END $$; \
              CREATE TRIGGER refuse_updates BEFORE UPDATE ON idempotency_keys \
                FOR EACH ROW EXECUTE FUNCTION refuse_updates();",
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    admin
-        .batch_execute(
-            "DROP TRIGGER refuse_updates ON idempotency_keys; DROP FUNCTION refuse_updates();",
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for c in clients {
-        c.await.unwrap();
-    }
-    let sent = sent.lock().unwrap().clone();
-    retry_all(&client, demo.addr, &sent).await;
-    demo.kill().await;
-    (count_doubled(db, &sent).await, sent.len())
-}
-
-/// SIGKILL under 16 clients, restart, retry every key: with the task written in the key's
-/// transaction, no key gets two tasks, over three crashes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_under_load_never_creates_a_task_twice() {
-    let db = Database::create().await;
-    let mut total = 0;
-    for run in 1..=3 {
-        let (doubled, sent) = crash_under_load(&db, &[]).await;
-        eprintln!("transactional run {run}: {sent} keys, {doubled} with two tasks");
-        assert_eq!(
-            doubled, 0,
-            "run {run}: {doubled} of {sent} keys got a second task"
-        );
-        total += sent;
-    }
-    assert!(
-        total > 3 * CLIENTS,
-        "the load must have been real: {total} keys"
-    );
-    db.drop().await;
-}
-
-/// The same crash with tasks written outside the key's transaction: keys whose task was
-/// committed but whose response was not get a second task on retry. This shows the test sees
-/// the duplicates that transactional completion removes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_transaction_the_same_crash_creates_duplicates() {
-    let db = Database::create().await;
-    let mut found = 0;
-    for run in 1..=10 {
-        let (doubled, sent) = crash_under_load(&db, &["--tasks-outside-transaction"]).await;
-        eprintln!("non-transactional run {run}: {sent} keys, {doubled} with two tasks");
-        found += doubled;
-        if found > 0 {
-            break;
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        admin
+            .batch_execute(
+                "DROP TRIGGER refuse_updates ON idempotency_keys; DROP FUNCTION refuse_updates();",
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for c in clients {
+            c.await.unwrap();
         }
+        let sent = sent.lock().unwrap().clone();
+        retry_all(&client, demo.addr, &sent).await;
+        demo.kill().await;
+        (count_doubled(db, &sent).await, sent.len())
     }
-    assert!(
-        found > 0,
-        "ten crashes without the transaction produced no duplicate"
-    );
-    db.drop().await;
-}
 
-/// The key table refuses every UPDATE for 3 s under 16 clients: with the task in the key's
-/// transaction, a refused completion rolls the task back and the retry creates it once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_table_refusing_updates_never_creates_a_task_twice() {
-    let db = Database::create().await;
-    let (doubled, sent) = key_table_refuses_updates(&db, "10", &[]).await;
-    eprintln!("transactional: {sent} keys, {doubled} with two tasks");
-    assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
-    db.drop().await;
-}
+    /// SIGKILL under 16 clients, restart, retry every key: with the task written in the key's
+    /// transaction, no key gets two tasks, over three crashes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_under_load_never_creates_a_task_twice() {
+        let db = Database::create().await;
+        let mut total = 0;
+        for run in 1..=3 {
+            let (doubled, sent) = crash_under_load(&db, &[]).await;
+            eprintln!("transactional run {run}: {sent} keys, {doubled} with two tasks");
+            assert_eq!(
+                doubled, 0,
+                "run {run}: {doubled} of {sent} keys got a second task"
+            );
+            total += sent;
+        }
+        assert!(
+            total > 3 * CLIENTS,
+            "the load must have been real: {total} keys"
+        );
+        db.drop().await;
+    }
 
-/// The same fault with tasks written outside the key's transaction: the task exists, so the
-/// failed completion keeps the claim and stores the response once the table accepts updates
-/// again, within the lease; no key gets a second task either.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outside_the_transaction_a_failed_completion_keeps_the_key() {
-    let db = Database::create().await;
-    let (doubled, sent) =
-        key_table_refuses_updates(&db, "10", &["--tasks-outside-transaction"]).await;
-    eprintln!("non-transactional: {sent} keys, {doubled} with two tasks");
-    assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
-    db.drop().await;
+    /// The same crash with tasks written outside the key's transaction: keys whose task was
+    /// committed but whose response was not get a second task on retry. This shows the test sees
+    /// the duplicates that transactional completion removes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_transaction_the_same_crash_creates_duplicates() {
+        let db = Database::create().await;
+        let mut found = 0;
+        for run in 1..=10 {
+            let (doubled, sent) = crash_under_load(&db, &["--tasks-outside-transaction"]).await;
+            eprintln!("non-transactional run {run}: {sent} keys, {doubled} with two tasks");
+            found += doubled;
+            if found > 0 {
+                break;
+            }
+        }
+        assert!(
+            found > 0,
+            "ten crashes without the transaction produced no duplicate"
+        );
+        db.drop().await;
+    }
+
+    /// The key table refuses every UPDATE for 3 s under 16 clients: with the task in the key's
+    /// transaction, a refused completion rolls the task back and the retry creates it once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_table_refusing_updates_never_creates_a_task_twice() {
+        let db = Database::create().await;
+        let (doubled, sent) = key_table_refuses_updates(&db, "10", &[]).await;
+        eprintln!("transactional: {sent} keys, {doubled} with two tasks");
+        assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
+        db.drop().await;
+    }
+
+    /// The same fault with tasks written outside the key's transaction: the task exists, so the
+    /// failed completion keeps the claim and stores the response once the table accepts updates
+    /// again, within the lease; no key gets a second task either.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outside_the_transaction_a_failed_completion_keeps_the_key() {
+        let db = Database::create().await;
+        let (doubled, sent) =
+            key_table_refuses_updates(&db, "10", &["--tasks-outside-transaction"]).await;
+        eprintln!("non-transactional: {sent} keys, {doubled} with two tasks");
+        assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
+        db.drop().await;
+    }
 }

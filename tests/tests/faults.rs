@@ -107,146 +107,6 @@ async fn outage_mid_traffic(
     assert_served_once_each(&all, &runs, 240);
 }
 
-/// PostgreSQL stops (fast shutdown) and starts again in the middle of traffic: 503 with
-/// Retry-After while it is down, no request hangs, every request is served, none runs twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_restart_mid_traffic() {
-    let pg = TempPostgres::start(&[]).unwrap();
-    let store = PostgresStore::connect(pg.url("postgres"))
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    outage_mid_traffic(
-        Arc::new(store.clone()),
-        || pg.stop().unwrap(),
-        || pg.start_server().unwrap(),
-    )
-    .await;
-    // A fast shutdown is clean: the UNLOGGED table kept its rows, nothing was lost.
-    assert_eq!(store.state_losses(), 0);
-}
-
-/// PostgreSQL crashes (immediate shutdown) with UNLOGGED: the store recovers, counts the loss,
-/// and, exactly as documented, retries of requests completed before the crash run again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_crash_loses_unlogged_records_and_says_so() {
-    let pg = TempPostgres::start(&[]).unwrap();
-    let store = PostgresStore::connect(pg.url("postgres"))
-        .table_mode(TableMode::Unlogged)
-        .build()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    let runs = Runs::default();
-    let app = counting_app_with(
-        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
-        &runs,
-        |b| b,
-    );
-    let requests: Vec<_> = (0..20).map(|_| (key(), user())).collect();
-    for (k, u) in &requests {
-        assert_eq!(
-            send(&app, request("/orders", k, *u, "{}")).await.0,
-            StatusCode::CREATED
-        );
-    }
-    // Before the crash, retries replay.
-    for (k, u) in &requests {
-        let (status, headers, _) = send(&app, request("/orders", k, *u, "{}")).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
-    }
-    assert_eq!(runs.orders.load(Ordering::SeqCst), 20);
-    pg.crash().unwrap();
-    pg.start_server().unwrap();
-    for (k, u) in &requests {
-        let attempts = send_until_done(
-            &app,
-            || request("/orders", k, *u, "{}"),
-            Duration::from_secs(20),
-            PER_REQUEST,
-        )
-        .await;
-        assert!(attempts.body.is_some(), "{:?}", attempts.statuses);
-    }
-    assert_eq!(store.state_losses(), 1, "the loss must be counted once");
-    assert_eq!(
-        runs.orders.load(Ordering::SeqCst),
-        40,
-        "documented: every completed key ran again after the crash"
-    );
-}
-
-/// Redis is killed and started again (persistence off) mid-traffic: 503 while it is down, every
-/// request served once, and the loss of Redis' data is counted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_restart_mid_traffic() {
-    let server = TempRedis::start(&[]).unwrap();
-    let store = RedisStore::connect(server.url())
-        .connect_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
-    let server = std::sync::Mutex::new(server);
-    outage_mid_traffic(
-        Arc::new(store.clone()),
-        || server.lock().unwrap().kill().unwrap(),
-        || server.lock().unwrap().start_server().unwrap(),
-    )
-    .await;
-    assert_eq!(
-        store.state_losses(),
-        1,
-        "Redis came back empty: counted once"
-    );
-}
-
-/// A hung store (Redis frozen with SIGSTOP) is bounded by the layer's store timeout: 503 with
-/// Retry-After, never a stuck request; after it thaws, requests run again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_hung_store_is_bounded_by_the_store_timeout() {
-    let server = TempRedis::start(&[]).unwrap();
-    let store = RedisStore::connect(server.url())
-        .response_timeout(Duration::from_secs(30))
-        .build()
-        .await
-        .unwrap();
-    let runs = Runs::default();
-    let app = counting_app_with(Arc::new(store) as Arc<dyn IdempotencyStore>, &runs, |b| {
-        b.store_timeout(Duration::from_millis(500))
-    });
-    server.pause().unwrap();
-    let started = std::time::Instant::now();
-    let (status, headers, _) = send(&app, request("/orders", &key(), user(), "{}")).await;
-    let took = started.elapsed();
-    server.resume().unwrap();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(headers.contains_key("retry-after"));
-    assert!(
-        took < Duration::from_secs(3),
-        "the hung store held the request for {took:?}"
-    );
-    assert_eq!(runs.orders.load(Ordering::SeqCst), 0);
-    let attempts = send_until_done(
-        &app,
-        || {
-            request(
-                "/orders",
-                "8e03978e-40d5-43e8-bc93-6894a57f9324",
-                user(),
-                "{}",
-            )
-        },
-        Duration::from_secs(10),
-        PER_REQUEST,
-    )
-    .await;
-    assert!(attempts.body.is_some());
-}
-
 /// A handler slower than its lease, with the heartbeat turned off: the retry takes the key over
 /// (the documented hazard: the side effect runs twice), the first run's late completion is
 /// refused, and only the second run's response is ever replayed.
@@ -325,32 +185,184 @@ async fn heartbeat_prevents_the_steal(backend: Backend) {
     ns.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn heartbeat_memory() {
-    heartbeat_prevents_the_steal(Backend::Memory).await;
+mod memory {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn heartbeat() {
+        heartbeat_prevents_the_steal(Backend::Memory).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn lease_steal() {
+        super::lease_steal(Backend::Memory).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn heartbeat_postgres() {
-    heartbeat_prevents_the_steal(Backend::Postgres).await;
+mod postgres {
+    use super::*;
+
+    /// PostgreSQL stops (fast shutdown) and starts again in the middle of traffic: 503 with
+    /// Retry-After while it is down, no request hangs, every request is served, none runs twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn restart_mid_traffic() {
+        let pg = TempPostgres::start(&[]).unwrap();
+        let store = PostgresStore::builder(pg.url("postgres"))
+            .connect_timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        outage_mid_traffic(
+            Arc::new(store.clone()),
+            || pg.stop().unwrap(),
+            || pg.start_server().unwrap(),
+        )
+        .await;
+        // A fast shutdown is clean: the UNLOGGED table kept its rows, nothing was lost.
+        assert_eq!(store.state_losses(), 0);
+    }
+
+    /// PostgreSQL crashes (immediate shutdown) with UNLOGGED: the store recovers, counts the loss,
+    /// and, exactly as documented, retries of requests completed before the crash run again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn crash_loses_unlogged_records_and_says_so() {
+        let pg = TempPostgres::start(&[]).unwrap();
+        let store = PostgresStore::builder(pg.url("postgres"))
+            .table_mode(TableMode::Unlogged)
+            .build()
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let runs = Runs::default();
+        let app = counting_app_with(
+            Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
+            &runs,
+            |b| b,
+        );
+        let requests: Vec<_> = (0..20).map(|_| (key(), user())).collect();
+        for (k, u) in &requests {
+            assert_eq!(
+                send(&app, request("/orders", k, *u, "{}")).await.0,
+                StatusCode::CREATED
+            );
+        }
+        // Before the crash, retries replay.
+        for (k, u) in &requests {
+            let (status, headers, _) = send(&app, request("/orders", k, *u, "{}")).await;
+            assert_eq!(status, StatusCode::CREATED);
+            assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+        }
+        assert_eq!(runs.orders.load(Ordering::SeqCst), 20);
+        pg.crash().unwrap();
+        pg.start_server().unwrap();
+        for (k, u) in &requests {
+            let attempts = send_until_done(
+                &app,
+                || request("/orders", k, *u, "{}"),
+                Duration::from_secs(20),
+                PER_REQUEST,
+            )
+            .await;
+            assert!(attempts.body.is_some(), "{:?}", attempts.statuses);
+        }
+        assert_eq!(store.state_losses(), 1, "the loss must be counted once");
+        assert_eq!(
+            runs.orders.load(Ordering::SeqCst),
+            40,
+            "documented: every completed key ran again after the crash"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn heartbeat() {
+        heartbeat_prevents_the_steal(Backend::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn lease_steal() {
+        super::lease_steal(Backend::Postgres).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn heartbeat_redis() {
-    heartbeat_prevents_the_steal(Backend::Redis).await;
-}
+mod redis {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lease_steal_memory() {
-    lease_steal(Backend::Memory).await;
-}
+    /// Redis is killed and started again (persistence off) mid-traffic: 503 while it is down, every
+    /// request served once, and the loss of Redis' data is counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn restart_mid_traffic() {
+        let server = TempRedis::start(&[]).unwrap();
+        let store = RedisStore::builder(server.url())
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        let server = std::sync::Mutex::new(server);
+        outage_mid_traffic(
+            Arc::new(store.clone()),
+            || server.lock().unwrap().kill().unwrap(),
+            || server.lock().unwrap().start_server().unwrap(),
+        )
+        .await;
+        assert_eq!(
+            store.state_losses(),
+            1,
+            "Redis came back empty: counted once"
+        );
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lease_steal_postgres() {
-    lease_steal(Backend::Postgres).await;
-}
+    /// A hung store (Redis frozen with SIGSTOP) is bounded by the layer's store timeout: 503 with
+    /// Retry-After, never a stuck request; after it thaws, requests run again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_hung_store_is_bounded_by_the_store_timeout() {
+        let server = TempRedis::start(&[]).unwrap();
+        let store = RedisStore::builder(server.url())
+            .response_timeout(Duration::from_secs(30))
+            .build()
+            .await
+            .unwrap();
+        let runs = Runs::default();
+        let app = counting_app_with(Arc::new(store) as Arc<dyn IdempotencyStore>, &runs, |b| {
+            b.store_timeout(Duration::from_millis(500))
+        });
+        server.pause().unwrap();
+        let started = std::time::Instant::now();
+        let (status, headers, _) = send(&app, request("/orders", &key(), user(), "{}")).await;
+        let took = started.elapsed();
+        server.resume().unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(headers.contains_key("retry-after"));
+        assert!(
+            took < Duration::from_secs(3),
+            "the hung store held the request for {took:?}"
+        );
+        assert_eq!(runs.orders.load(Ordering::SeqCst), 0);
+        let attempts = send_until_done(
+            &app,
+            || {
+                request(
+                    "/orders",
+                    "8e03978e-40d5-43e8-bc93-6894a57f9324",
+                    user(),
+                    "{}",
+                )
+            },
+            Duration::from_secs(10),
+            PER_REQUEST,
+        )
+        .await;
+        assert!(attempts.body.is_some());
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lease_steal_redis() {
-    lease_steal(Backend::Redis).await;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn heartbeat() {
+        heartbeat_prevents_the_steal(Backend::Redis).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn lease_steal() {
+        super::lease_steal(Backend::Redis).await;
+    }
 }

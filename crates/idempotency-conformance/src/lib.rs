@@ -24,8 +24,19 @@
 //! release.
 
 pub mod cases;
-pub mod env;
 pub mod faults;
+
+/// The name of every case, in the order the macros run them.
+pub const CASES: &[&str] = __with_cases!(__case_names @list);
+
+/// Turns the list of cases into their names (for [`CASES`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_names {
+    (@list $($case:ident)*) => {
+        &[$(stringify!($case)),*]
+    };
+}
 
 #[doc(hidden)]
 pub mod __private {
@@ -133,4 +144,35 @@ macro_rules! __with_cases {
             engine_keeps_the_claim_when_storing_the_response_fails
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one list of cases names exactly the public functions of `cases/`, each once: a case
+    /// written but not listed would never run, a listed one that is gone would not compile.
+    #[test]
+    fn the_case_list_names_every_case_once() {
+        let sources = [
+            include_str!("cases/claim.rs"),
+            include_str!("cases/engine.rs"),
+            include_str!("cases/expiry.rs"),
+            include_str!("cases/fencing.rs"),
+            include_str!("cases/replay.rs"),
+        ];
+        let mut written: Vec<&str> = sources
+            .iter()
+            .flat_map(|source| source.lines())
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .map(|rest| rest.split(['<', '(']).next().unwrap_or(rest).trim())
+            .collect();
+        written.sort_unstable();
+        let mut listed = super::CASES.to_vec();
+        listed.sort_unstable();
+        let unique = listed.windows(2).all(|w| w[0] != w[1]);
+        assert!(unique, "a case is listed twice: {listed:?}");
+        assert_eq!(
+            written, listed,
+            "cases written (left) and listed in __with_cases! (right)"
+        );
+    }
 }

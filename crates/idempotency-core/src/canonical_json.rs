@@ -6,6 +6,20 @@
 //! Input it cannot canonicalise safely (not JSON, a duplicate object key, a lone surrogate,
 //! nesting deeper than [`MAX_DEPTH`]) is reported as `None`, and the caller falls back to the raw
 //! bytes.
+//!
+//! # Why not RFC 8785 (JCS)
+//! This is **not** JCS, on purpose. JCS writes every number the way an IEEE-754 double prints,
+//! so `12345678901234567890` and `12345678901234567891` (two different order amounts to an API
+//! that reads them as integers or decimals) get one canonical form, and so one fingerprint: a
+//! changed request would replay the other's response. A fingerprint must never merge requests
+//! whose meaning may differ, while it may keep apart two that mean the same (`1.0` and `1`: the
+//! client sent different bytes; the worst case is a 422, never a wrong replay). So number
+//! literals stay verbatim, and keys are sorted by their unescaped UTF-8 bytes (JCS sorts by UTF-16
+//! code units). The output is not meant to interoperate with other canonicalisers: the same
+//! library computes and compares it, and the fingerprint stores its algorithm id so the form can
+//! evolve. A differential property test checks it against `serde_json` on nested documents: the
+//! canonical form parses to the same value, and documents `serde_json` writes in different key
+//! orders and layouts share one canonical form.
 
 use std::fmt::Write as _;
 
@@ -336,7 +350,73 @@ mod tests {
         assert_eq!(a, b);
     }
 
+    /// Nested JSON documents: objects, arrays, strings with escapes and non-ASCII text, integers,
+    /// decimals, booleans and nulls, up to four levels deep.
+    fn nested_document() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            (-1e6f64..1e6).prop_map(serde_json::Value::from),
+            "[a-z\u{e9}\u{1f600}\"\\\n\t/]{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-z\u{e9}\"]{0,5}", inner, 0..6)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `value` written with every object's members in reverse order and with white space, as
+    /// another client might serialise it.
+    fn reversed_and_spaced(value: &serde_json::Value) -> String {
+        match value {
+            serde_json::Value::Object(map) => {
+                let members: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| {
+                        format!(
+                            " {} : {} ",
+                            serde_json::to_string(k).unwrap(),
+                            reversed_and_spaced(v)
+                        )
+                    })
+                    .collect();
+                format!("{{\n{}\n}}", members.join(",\n"))
+            }
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reversed_and_spaced).collect();
+                format!("[ {} ]", items.join(" , "))
+            }
+            other => serde_json::to_string(other).unwrap(),
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn agrees_with_serde_json_on_nested_documents(value in nested_document()) {
+            let compact = serde_json::to_vec(&value).unwrap();
+            let pretty = serde_json::to_vec_pretty(&value).unwrap();
+            let reversed = reversed_and_spaced(&value);
+            let canonical = canonicalize(&compact);
+            proptest::prop_assert!(canonical.is_some(), "serde_json's output must canonicalise");
+            let canonical = canonical.unwrap();
+            // Same meaning: the canonical form parses to what the document parses to (both read
+            // by serde_json, whose float parsing is not exact without `float_roundtrip`).
+            let back: serde_json::Value = serde_json::from_slice(&canonical).unwrap();
+            let read: serde_json::Value = serde_json::from_slice(&compact).unwrap();
+            proptest::prop_assert_eq!(&back, &read);
+            // One form whatever the layout and key order.
+            proptest::prop_assert_eq!(canonicalize(&pretty), Some(canonical.clone()));
+            proptest::prop_assert_eq!(canonicalize(reversed.as_bytes()), Some(canonical.clone()));
+            // Canonical is a fixed point.
+            proptest::prop_assert_eq!(canonicalize(&canonical), Some(canonical.clone()));
+        }
+
         #[test]
         fn never_panics_on_arbitrary_bytes(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             let _ = canonicalize(&raw);

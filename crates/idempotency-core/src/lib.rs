@@ -49,11 +49,12 @@ mod key;
 mod record;
 mod response;
 mod scope;
+mod state_loss;
 mod store;
 mod transaction;
 
 pub use engine::{
-    Begin, Completion, Engine, EngineConfig, Guard, Lease, RollbackCause, StorePolicy,
+    Begin, Completion, Engine, EngineConfig, Guard, Lease, ReplayPolicy, RollbackCause,
 };
 pub use error::{BoxError, CorruptRecord, ErrorChain, StoreError};
 pub use fingerprint::{
@@ -63,6 +64,7 @@ pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
+pub use state_loss::StateLoss;
 pub use store::{IdempotencyStore, purge_periodically};
 pub use transaction::{
     CommitOutcome, StoreTransaction, Transaction, TransactionError, TransactionSlot,

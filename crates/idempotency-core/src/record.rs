@@ -84,3 +84,15 @@ pub enum FenceOutcome {
     /// taken over, released, completed or expired); nothing was changed.
     Stale,
 }
+
+impl FenceOutcome {
+    /// [`FenceOutcome::Applied`] when the fenced statement or script changed exactly one record
+    /// (a row count, a script's `1`), [`FenceOutcome::Stale`] when it changed none.
+    pub fn from_count(changed: u64) -> Self {
+        if changed == 1 {
+            FenceOutcome::Applied
+        } else {
+            FenceOutcome::Stale
+        }
+    }
+}

@@ -91,7 +91,7 @@ pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
 /// [`build_app`] with `options`.
 pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router, DemoError> {
     let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
-        let store = PostgresStore::connect(store_url)
+        let store = PostgresStore::builder(store_url)
             .transactions(options.tasks_in_transaction)
             .build()
             .await

@@ -1,149 +1,153 @@
 //! The memory store's bounds: in-flight claims are never evicted, completed records are.
 #![allow(clippy::unwrap_used)]
 
-use bytes::Bytes;
-use idempotency_core::http::{HeaderMap, StatusCode};
-use idempotency_core::{
-    BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-    IdempotencyStore, KeyFormat, LeaseToken, Scope, StoreError, StoredResponse,
-};
-use idempotency_memory::MemoryStore;
-use std::time::Duration;
+mod memory {
+    use bytes::Bytes;
+    use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::{
+        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
+        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoreError, StoredResponse,
+    };
+    use idempotency_memory::MemoryStore;
+    use std::time::Duration;
 
-const HOUR: Duration = Duration::from_secs(3600);
+    const HOUR: Duration = Duration::from_secs(3600);
 
-fn key(i: usize) -> IdempotencyKey {
-    IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque()).unwrap()
-}
-
-#[tokio::test]
-async fn in_flight_claims_survive_cache_pressure_and_the_limit_fails_closed() {
-    let store = MemoryStore::builder()
-        .max_stored_bytes(16 * 1024)
-        .max_in_flight(100)
-        .build();
-    let users = Scope::new("users").unwrap();
-    let flood = Scope::new("flood").unwrap();
-    let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
-
-    // 99 requests hold their claims for the whole test.
-    let mut held = Vec::new();
-    for i in 0..99 {
-        let token = LeaseToken::new();
-        let outcome = store
-            .claim(&users, &key(i), &fp, token, HOUR)
-            .await
-            .unwrap();
-        assert_eq!(outcome, ClaimOutcome::Claimed);
-        held.push(token);
+    fn key(i: usize) -> IdempotencyKey {
+        IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque()).unwrap()
     }
 
-    // Through the one free slot, 50 requests of 4 KiB complete: 12x the 16 KiB byte bound.
-    let body = Bytes::from(vec![7u8; 4096]);
-    for i in 0..50 {
-        let (t, k) = (LeaseToken::new(), key(i));
+    #[tokio::test]
+    async fn in_flight_claims_survive_cache_pressure_and_the_limit_fails_closed() {
+        let store = MemoryStore::builder()
+            .max_stored_bytes(16 * 1024)
+            .max_in_flight(100)
+            .build();
+        let users = Scope::new("users").unwrap();
+        let flood = Scope::new("flood").unwrap();
+        let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
+
+        // 99 requests hold their claims for the whole test.
+        let mut held = Vec::new();
+        for i in 0..99 {
+            let token = LeaseToken::new();
+            let outcome = store
+                .claim(&users, &key(i), &fp, token, HOUR)
+                .await
+                .unwrap();
+            assert_eq!(outcome, ClaimOutcome::Claimed);
+            held.push(token);
+        }
+
+        // Through the one free slot, 50 requests of 4 KiB complete: 12x the 16 KiB byte bound.
+        let body = Bytes::from(vec![7u8; 4096]);
+        for i in 0..50 {
+            let (t, k) = (LeaseToken::new(), key(i));
+            assert_eq!(
+                store.claim(&flood, &k, &fp, t, HOUR).await.unwrap(),
+                ClaimOutcome::Claimed
+            );
+            let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
+            assert_eq!(
+                store.complete(&flood, &k, t, &r, HOUR).await.unwrap(),
+                FenceOutcome::Applied
+            );
+        }
+        assert!(
+            store.stored_bytes() <= 16 * 1024,
+            "stored {} bytes",
+            store.stored_bytes()
+        );
+        assert!(
+            store.evicted_records() > 0,
+            "the flood must evict completed records"
+        );
+
+        // The in-flight bound fails closed with a retryable error.
+        let t = LeaseToken::new();
         assert_eq!(
-            store.claim(&flood, &k, &fp, t, HOUR).await.unwrap(),
+            store.claim(&users, &key(99), &fp, t, HOUR).await.unwrap(),
             ClaimOutcome::Claimed
         );
-        let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
-        assert_eq!(
-            store.complete(&flood, &k, t, &r, HOUR).await.unwrap(),
-            FenceOutcome::Applied
-        );
-    }
-    assert!(
-        store.stored_bytes() <= 16 * 1024,
-        "stored {} bytes",
-        store.stored_bytes()
-    );
-    assert!(
-        store.evicted_records() > 0,
-        "the flood must evict completed records"
-    );
+        match store
+            .claim(&users, &key(100), &fp, LeaseToken::new(), HOUR)
+            .await
+        {
+            Err(e @ StoreError::Full { .. }) => assert!(e.is_retryable()),
+            other => panic!("the 101st claim must fail closed, got {other:?}"),
+        }
 
-    // The in-flight bound fails closed with a retryable error.
-    let t = LeaseToken::new();
-    assert_eq!(
-        store.claim(&users, &key(99), &fp, t, HOUR).await.unwrap(),
-        ClaimOutcome::Claimed
-    );
-    match store
-        .claim(&users, &key(100), &fp, LeaseToken::new(), HOUR)
-        .await
-    {
-        Err(e @ StoreError::Full { .. }) => assert!(e.is_retryable()),
-        other => panic!("the 101st claim must fail closed, got {other:?}"),
+        // Every claim held through the flood is still held by its token.
+        for (i, token) in held.into_iter().enumerate() {
+            assert!(matches!(
+                store
+                    .claim(&users, &key(i), &fp, LeaseToken::new(), HOUR)
+                    .await
+                    .unwrap(),
+                ClaimOutcome::Existing(_)
+            ));
+            let r =
+                StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"ok"));
+            assert_eq!(
+                store
+                    .complete(&users, &key(i), token, &r, HOUR)
+                    .await
+                    .unwrap(),
+                FenceOutcome::Applied,
+                "claim {i} was lost under cache pressure"
+            );
+        }
     }
 
-    // Every claim held through the flood is still held by its token.
-    for (i, token) in held.into_iter().enumerate() {
-        assert!(matches!(
-            store
-                .claim(&users, &key(i), &fp, LeaseToken::new(), HOUR)
-                .await
-                .unwrap(),
-            ClaimOutcome::Existing(_)
-        ));
-        let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"ok"));
-        assert_eq!(
-            store
-                .complete(&users, &key(i), token, &r, HOUR)
-                .await
-                .unwrap(),
-            FenceOutcome::Applied,
-            "claim {i} was lost under cache pressure"
-        );
-    }
-}
-
-/// A million distinct keys through the store: the completed records never exceed the byte
-/// bound, and the in-flight map holds nothing once every request completed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_million_keys_stay_within_the_configured_capacity() {
-    const CAP: u64 = 8 * 1024 * 1024;
-    let store = MemoryStore::builder().max_stored_bytes(CAP).build();
-    let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
-    let body = Bytes::from(vec![b'x'; 100]);
-    let mut tasks = Vec::new();
-    for worker in 0..2u32 {
-        let (store, body) = (store.clone(), body.clone());
-        tasks.push(tokio::spawn(async move {
-            let scope = Scope::new(format!("user-{worker}")).unwrap();
-            let mut peak = 0u64;
-            for i in 0..500_000u32 {
-                let key =
-                    IdempotencyKey::parse(format!("k{i}").as_bytes(), KeyFormat::opaque()).unwrap();
-                let token = LeaseToken::new();
-                assert_eq!(
-                    store.claim(&scope, &key, &fp, token, HOUR).await.unwrap(),
-                    ClaimOutcome::Claimed
-                );
-                let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
-                assert_eq!(
-                    store.complete(&scope, &key, token, &r, HOUR).await.unwrap(),
-                    FenceOutcome::Applied
-                );
-                if i % 50_000 == 0 {
-                    peak = peak.max(store.stored_bytes());
+    /// A million distinct keys through the store: the completed records never exceed the byte
+    /// bound, and the in-flight map holds nothing once every request completed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_million_keys_stay_within_the_configured_capacity() {
+        const CAP: u64 = 8 * 1024 * 1024;
+        let store = MemoryStore::builder().max_stored_bytes(CAP).build();
+        let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
+        let body = Bytes::from(vec![b'x'; 100]);
+        let mut tasks = Vec::new();
+        for worker in 0..2u32 {
+            let (store, body) = (store.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let scope = Scope::new(format!("user-{worker}")).unwrap();
+                let mut peak = 0u64;
+                for i in 0..500_000u32 {
+                    let key =
+                        IdempotencyKey::parse(format!("k{i}").as_bytes(), KeyFormat::opaque())
+                            .unwrap();
+                    let token = LeaseToken::new();
+                    assert_eq!(
+                        store.claim(&scope, &key, &fp, token, HOUR).await.unwrap(),
+                        ClaimOutcome::Claimed
+                    );
+                    let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
+                    assert_eq!(
+                        store.complete(&scope, &key, token, &r, HOUR).await.unwrap(),
+                        FenceOutcome::Applied
+                    );
+                    if i % 50_000 == 0 {
+                        peak = peak.max(store.stored_bytes());
+                    }
                 }
-            }
-            peak
-        }));
+                peak
+            }));
+        }
+        let mut peak = 0;
+        for t in tasks {
+            peak = peak.max(t.await.unwrap());
+        }
+        let end = store.stored_bytes();
+        assert!(
+            peak <= CAP && end <= CAP,
+            "peak {peak} / end {end} bytes over the {CAP} byte bound"
+        );
+        assert!(
+            store.evicted_records() > 900_000,
+            "evicted {}",
+            store.evicted_records()
+        );
+        assert_eq!(store.in_flight_claims(), 0);
     }
-    let mut peak = 0;
-    for t in tasks {
-        peak = peak.max(t.await.unwrap());
-    }
-    let end = store.stored_bytes();
-    assert!(
-        peak <= CAP && end <= CAP,
-        "peak {peak} / end {end} bytes over the {CAP} byte bound"
-    );
-    assert!(
-        store.evicted_records() > 900_000,
-        "evicted {}",
-        store.evicted_records()
-    );
-    assert_eq!(store.in_flight_claims(), 0);
 }

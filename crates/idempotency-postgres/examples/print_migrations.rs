@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("unknown table mode {other:?}: use unlogged or logged").into());
         }
     };
-    let sql = PostgresStore::connect("postgres://unused")
+    let sql = PostgresStore::builder("postgres://unused")
         .schema(schema)
         .table(table)
         .table_mode(mode)

@@ -113,46 +113,24 @@ impl TableName {
     }
 }
 
-/// The numbered migrations, embedded from the workspace's `migrations/` folder.
-pub(crate) const CREATE_TABLE: (i32, &str, &str) = (
-    1,
-    "0001_create_idempotency_keys",
-    include_str!("../../../migrations/0001_create_idempotency_keys.sql"),
-);
-pub(crate) const SCHEDULE_PURGE: (i32, &str, &str) = (
-    2,
-    "0002_schedule_purge_with_pg_cron",
-    include_str!("../../../migrations/0002_schedule_purge_with_pg_cron.sql"),
-);
-
-/// Drops the whole-line comments of a migration file (they describe its placeholders) and names
-/// the file the SQL came from.
-fn sql_body(migration: (i32, &str, &str)) -> String {
-    let mut out = format!("-- migrations/{}.sql\n", migration.1);
-    for line in migration.2.lines() {
-        if !line.trim_start().starts_with("--") {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-pub(crate) fn render_create_table(name: &TableName, mode: TableMode) -> String {
-    sql_body(CREATE_TABLE)
-        .replace("{persistence}", mode.persistence_keyword())
+/// Fills the placeholders of a migration file: `{schema}`, `{table}`, `{persistence}`,
+/// `{expires_idx}` (quoted names and the mode's keyword) and `{job_name}`, `{schedule}`,
+/// `{purge_command}` (SQL string literals of the pg_cron job).
+pub(crate) fn fill_placeholders(
+    sql: &str,
+    name: &TableName,
+    mode: TableMode,
+    purge_schedule: &str,
+) -> String {
+    sql.replace("{persistence}", mode.persistence_keyword())
         .replace("{schema}", &quote(&name.schema))
         .replace("{table}", &quote(&name.table))
         .replace(
             "{expires_idx}",
             &quote(&format!("{}_expires_at_idx", name.table)),
         )
-}
-
-pub(crate) fn render_schedule_purge(name: &TableName, schedule: &str) -> String {
-    sql_body(SCHEDULE_PURGE)
         .replace("{job_name}", &literal(&name.purge_job_name()))
-        .replace("{schedule}", &literal(schedule))
+        .replace("{schedule}", &literal(purge_schedule))
         .replace("{purge_command}", &literal(&name.purge_all_sql()))
 }
 
@@ -292,13 +270,21 @@ mod tests {
         }
     }
 
+    fn render(version: i32, name: &TableName, mode: TableMode, schedule: &str) -> String {
+        crate::migrate::MIGRATIONS
+            .iter()
+            .find(|m| m.version == version)
+            .unwrap()
+            .render(name, mode, schedule)
+    }
+
     #[test]
     fn create_table_renders_the_mode() {
         let name = TableName::new("app", "keys").unwrap();
-        let unlogged = render_create_table(&name, TableMode::Unlogged);
+        let unlogged = render(1, &name, TableMode::Unlogged, "");
         assert!(unlogged.contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"app\".\"keys\""));
         assert!(unlogged.contains("\"keys_expires_at_idx\""));
-        let logged = render_create_table(&name, TableMode::Logged);
+        let logged = render(1, &name, TableMode::Logged, "");
         assert!(logged.contains("CREATE  TABLE IF NOT EXISTS \"app\".\"keys\""));
         assert!(!logged.contains('{'), "unfilled placeholder in {logged}");
     }
@@ -306,9 +292,9 @@ mod tests {
     #[test]
     fn purge_job_escapes_its_literals() {
         let name = TableName::new("app", "keys").unwrap();
-        let sql = render_schedule_purge(&name, "0 * * * *");
+        let sql = render(2, &name, TableMode::Unlogged, "0 * * * *");
         assert!(sql.contains("SELECT cron.schedule('idempotency-purge:app.keys', '0 * * * *', 'DELETE FROM \"app\".\"keys\" WHERE expires_at <= now()');"));
-        let hostile = render_schedule_purge(&name, "'); DROP TABLE x; --");
+        let hostile = render(2, &name, TableMode::Unlogged, "'); DROP TABLE x; --");
         assert!(hostile.contains("''); DROP TABLE x; --'"));
     }
 }

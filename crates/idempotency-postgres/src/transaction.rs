@@ -2,7 +2,7 @@
 //! stored response commits in the same transaction.
 
 use crate::error::{BACKEND, pool_error, query_error};
-use crate::{Inner, PostgresStore};
+use crate::store::{Inner, PostgresStore};
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use idempotency_core::{

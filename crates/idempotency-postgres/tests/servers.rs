@@ -1,232 +1,235 @@
 //! Tests on throwaway PostgreSQL clusters: crash loss (the ADR's accepted risk), the pg_cron
 //! purge job, and refusing a standby. Each starts its own cluster on a free loopback port.
 
-use bytes::Bytes;
-use idempotency_core::http::{HeaderMap, StatusCode};
-use idempotency_core::{
-    BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-    IdempotencyStore, KeyFormat, LeaseToken, RecordState, Scope, StoredResponse,
-};
-use idempotency_postgres::{PostgresStore, PostgresStoreError, PurgeJob, TableMode};
-use idempotency_testkit::TempPostgres;
-use std::time::Duration;
+mod postgres {
+    use bytes::Bytes;
+    use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::{
+        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
+        IdempotencyStore, KeyFormat, LeaseToken, RecordState, Scope, StoredResponse,
+    };
+    use idempotency_postgres::{PostgresStore, PostgresStoreError, PurgeJob, TableMode};
+    use idempotency_testkit::TempPostgres;
+    use std::time::Duration;
 
-const HOUR: Duration = Duration::from_secs(3600);
+    const HOUR: Duration = Duration::from_secs(3600);
 
-fn key(i: usize) -> IdempotencyKey {
-    IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque()).expect("valid key")
-}
+    fn key(i: usize) -> IdempotencyKey {
+        IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque())
+            .expect("valid key")
+    }
 
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
-}
+    fn fp() -> Fingerprint {
+        Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
+    }
 
-fn cluster(settings: &[&str]) -> TempPostgres {
-    TempPostgres::start(settings)
-        .unwrap_or_else(|e| panic!("could not start a throwaway PostgreSQL: {e}"))
-}
+    fn cluster(settings: &[&str]) -> TempPostgres {
+        TempPostgres::start(settings)
+            .unwrap_or_else(|e| panic!("could not start a throwaway PostgreSQL: {e}"))
+    }
 
-async fn store(url: &str, schema: &str, mode: TableMode) -> PostgresStore {
-    let store = PostgresStore::connect(url)
-        .schema(schema)
-        .table_mode(mode)
-        .pool_size(4)
-        .build()
-        .await
-        .expect("build the store");
-    store.migrate().await.expect("migrate");
-    store
-}
+    async fn store(url: &str, schema: &str, mode: TableMode) -> PostgresStore {
+        let store = PostgresStore::builder(url)
+            .schema(schema)
+            .table_mode(mode)
+            .pool_size(4)
+            .build()
+            .await
+            .expect("build the store");
+        store.migrate().await.expect("migrate");
+        store
+    }
 
-async fn complete_records(store: &PostgresStore, scope: &Scope, n: usize) {
-    for i in 0..n {
-        let token = LeaseToken::new();
+    async fn complete_records(store: &PostgresStore, scope: &Scope, n: usize) {
+        for i in 0..n {
+            let token = LeaseToken::new();
+            assert_eq!(
+                store
+                    .claim(scope, &key(i), &fp(), token, HOUR)
+                    .await
+                    .expect("claim"),
+                ClaimOutcome::Claimed
+            );
+            let response = StoredResponse::new(
+                StatusCode::CREATED,
+                HeaderMap::new(),
+                Bytes::from(format!("record {i}")),
+            );
+            assert_eq!(
+                store
+                    .complete(scope, &key(i), token, &response, HOUR)
+                    .await
+                    .expect("complete"),
+                FenceOutcome::Applied
+            );
+        }
+    }
+
+    async fn count_rows(store: &PostgresStore) -> i64 {
+        let client = store.pool().get().await.expect("connection");
+        client
+            // Every row but the store's state sentinel (whose scope starts with \x01).
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {} WHERE user_id !~ '^\x01'",
+                    store.table_name()
+                ),
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0)
+    }
+
+    /// The ADR's accepted risk, shown: after an immediate shutdown the UNLOGGED table is empty and
+    /// serves new claims at once, while a LOGGED table kept every record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_empties_unlogged_and_keeps_logged() {
+        let pg = cluster(&[]);
+        let url = pg.url("postgres");
+        let unlogged = store(&url, "crash_unlogged", TableMode::Unlogged).await;
+        let logged = store(&url, "crash_logged", TableMode::Logged).await;
+        let scope = Scope::new("user-1").expect("scope");
+        complete_records(&unlogged, &scope, 50).await;
+        complete_records(&logged, &scope, 50).await;
+        assert_eq!(count_rows(&unlogged).await, 50);
+
+        pg.crash().expect("pg_ctl stop -m immediate");
+        pg.start_server().expect("restart after the crash");
+
+        // The pool's old connections died with the server; the first checkout after the restart
+        // notices a closed connection and opens a new one.
+        let mut first = None;
+        for _ in 0..20 {
+            match unlogged.get(&scope, &key(0)).await {
+                Ok(record) => {
+                    first = Some(record);
+                    break;
+                }
+                Err(e) => {
+                    assert!(
+                        e.is_retryable(),
+                        "a dead connection must be a retryable error: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
         assert_eq!(
-            store
-                .claim(scope, &key(i), &fp(), token, HOUR)
+            first,
+            Some(None),
+            "UNLOGGED records must be gone after a crash"
+        );
+        assert_eq!(
+            count_rows(&unlogged).await,
+            0,
+            "the UNLOGGED table must be empty"
+        );
+        // ...and it serves claims at once: the key that completed before the crash runs again.
+        assert_eq!(
+            unlogged
+                .claim(&scope, &key(0), &fp(), LeaseToken::new(), HOUR)
                 .await
                 .expect("claim"),
             ClaimOutcome::Claimed
         );
-        let response = StoredResponse::new(
-            StatusCode::CREATED,
-            HeaderMap::new(),
-            Bytes::from(format!("record {i}")),
-        );
+
         assert_eq!(
-            store
-                .complete(scope, &key(i), token, &response, HOUR)
-                .await
-                .expect("complete"),
-            FenceOutcome::Applied
+            count_rows(&logged).await,
+            50,
+            "LOGGED must keep every record"
         );
-    }
-}
-
-async fn count_rows(store: &PostgresStore) -> i64 {
-    let client = store.pool().get().await.expect("connection");
-    client
-        // Every row but the store's state sentinel (whose scope starts with \x01).
-        .query_one(
-            &format!(
-                "SELECT count(*) FROM {} WHERE user_id !~ '^\x01'",
-                store.table_name()
-            ),
-            &[],
-        )
-        .await
-        .expect("count")
-        .get(0)
-}
-
-/// The ADR's accepted risk, shown: after an immediate shutdown the UNLOGGED table is empty and
-/// serves new claims at once, while a LOGGED table kept every record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_empties_unlogged_and_keeps_logged() {
-    let pg = cluster(&[]);
-    let url = pg.url("postgres");
-    let unlogged = store(&url, "crash_unlogged", TableMode::Unlogged).await;
-    let logged = store(&url, "crash_logged", TableMode::Logged).await;
-    let scope = Scope::new("user-1").expect("scope");
-    complete_records(&unlogged, &scope, 50).await;
-    complete_records(&logged, &scope, 50).await;
-    assert_eq!(count_rows(&unlogged).await, 50);
-
-    pg.crash().expect("pg_ctl stop -m immediate");
-    pg.start_server().expect("restart after the crash");
-
-    // The pool's old connections died with the server; the first checkout after the restart
-    // notices a closed connection and opens a new one.
-    let mut first = None;
-    for _ in 0..20 {
-        match unlogged.get(&scope, &key(0)).await {
-            Ok(record) => {
-                first = Some(record);
-                break;
-            }
-            Err(e) => {
-                assert!(
-                    e.is_retryable(),
-                    "a dead connection must be a retryable error: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        for i in 0..50 {
+            match logged.get(&scope, &key(i)).await.expect("get") {
+                Some(record) => match record.state {
+                    RecordState::Completed { response } => {
+                        assert_eq!(response.body(), &Bytes::from(format!("record {i}")))
+                    }
+                    other => panic!("record {i} is not completed: {other:?}"),
+                },
+                None => panic!("LOGGED lost record {i} in the crash"),
             }
         }
     }
-    assert_eq!(
-        first,
-        Some(None),
-        "UNLOGGED records must be gone after a crash"
-    );
-    assert_eq!(
-        count_rows(&unlogged).await,
-        0,
-        "the UNLOGGED table must be empty"
-    );
-    // ...and it serves claims at once: the key that completed before the crash runs again.
-    assert_eq!(
-        unlogged
-            .claim(&scope, &key(0), &fp(), LeaseToken::new(), HOUR)
-            .await
-            .expect("claim"),
-        ClaimOutcome::Claimed
-    );
 
-    assert_eq!(
-        count_rows(&logged).await,
-        50,
-        "LOGGED must keep every record"
-    );
-    for i in 0..50 {
-        match logged.get(&scope, &key(i)).await.expect("get") {
-            Some(record) => match record.state {
-                RecordState::Completed { response } => {
-                    assert_eq!(response.body(), &Bytes::from(format!("record {i}")))
-                }
-                other => panic!("record {i} is not completed: {other:?}"),
-            },
-            None => panic!("LOGGED lost record {i} in the crash"),
-        }
-    }
-}
-
-/// The pg_cron migration schedules the purge, and a run of the job deletes exactly the expired
-/// rows. pg_cron's shortest interval is one minute, so this waits up to ~90 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_cron_job_purges_exactly_the_expired_rows() {
-    let pg = cluster(&[
-        "shared_preload_libraries=pg_cron",
-        "cron.database_name=postgres",
-        "cron.use_background_workers=on",
-        "max_worker_processes=20",
-    ]);
-    let url = pg.url("postgres");
-    {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-            .batch_execute("CREATE EXTENSION pg_cron")
-            .await
-            .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
-    }
-    let store = PostgresStore::connect(&url)
-        .schema("cron_test")
-        .purge_schedule("* * * * *")
-        .build()
-        .await
-        .expect("build");
-    let report = store.migrate().await.expect("migrate");
-    assert_eq!(
-        report.purge_job,
-        PurgeJob::Scheduled {
-            job_name: "idempotency-purge:cron_test.idempotency_keys".into(),
-            schedule: "* * * * *".into()
-        }
-    );
-    assert!(report.applied.contains(&"0002_schedule_purge_with_pg_cron"));
-    // Migrating again changes nothing and keeps one job.
-    assert!(
-        store
-            .migrate()
-            .await
-            .expect("migrate again")
-            .applied
-            .is_empty()
-    );
-
-    let scope = Scope::new("user-1").expect("scope");
-    let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"x"));
-    for i in 0..30 {
-        let token = LeaseToken::new();
-        store
-            .claim(&scope, &key(i), &fp(), token, HOUR)
-            .await
-            .expect("claim");
-        // Even keys expire in a moment; odd keys live for an hour.
-        let retention = if i % 2 == 0 {
-            Duration::from_millis(10)
-        } else {
-            HOUR
-        };
-        assert_eq!(
-            store
-                .complete(&scope, &key(i), token, &response, retention)
+    /// The pg_cron migration schedules the purge, and a run of the job deletes exactly the expired
+    /// rows. pg_cron's shortest interval is one minute, so this waits up to ~90 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg_cron_job_purges_exactly_the_expired_rows() {
+        let pg = cluster(&[
+            "shared_preload_libraries=pg_cron",
+            "cron.database_name=postgres",
+            "cron.use_background_workers=on",
+            "max_worker_processes=20",
+        ]);
+        let url = pg.url("postgres");
+        {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                 .await
-                .expect("complete"),
-            FenceOutcome::Applied
+                .expect("connect");
+            tokio::spawn(connection);
+            client
+                .batch_execute("CREATE EXTENSION pg_cron")
+                .await
+                .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
+        }
+        let store = PostgresStore::builder(&url)
+            .schema("cron_test")
+            .purge_schedule("* * * * *")
+            .build()
+            .await
+            .expect("build");
+        let report = store.migrate().await.expect("migrate");
+        assert_eq!(
+            report.purge_job,
+            PurgeJob::Scheduled {
+                job_name: "idempotency-purge:cron_test.idempotency_keys".into(),
+                schedule: "* * * * *".into()
+            }
         );
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        count_rows(&store).await,
-        30,
-        "expired rows stay until purged"
-    );
+        assert!(report.applied.contains(&"0002_schedule_purge_with_pg_cron"));
+        // Migrating again changes nothing and keeps one job.
+        assert!(
+            store
+                .migrate()
+                .await
+                .expect("migrate again")
+                .applied
+                .is_empty()
+        );
 
-    let client = store.pool().get().await.expect("connection");
-    let jobs: i64 = client
+        let scope = Scope::new("user-1").expect("scope");
+        let response =
+            StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"x"));
+        for i in 0..30 {
+            let token = LeaseToken::new();
+            store
+                .claim(&scope, &key(i), &fp(), token, HOUR)
+                .await
+                .expect("claim");
+            // Even keys expire in a moment; odd keys live for an hour.
+            let retention = if i % 2 == 0 {
+                Duration::from_millis(10)
+            } else {
+                HOUR
+            };
+            assert_eq!(
+                store
+                    .complete(&scope, &key(i), token, &response, retention)
+                    .await
+                    .expect("complete"),
+                FenceOutcome::Applied
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            count_rows(&store).await,
+            30,
+            "expired rows stay until purged"
+        );
+
+        let client = store.pool().get().await.expect("connection");
+        let jobs: i64 = client
         .query_one(
             "SELECT count(*) FROM cron.job WHERE jobname = 'idempotency-purge:cron_test.idempotency_keys'",
             &[],
@@ -234,182 +237,175 @@ async fn pg_cron_job_purges_exactly_the_expired_rows() {
         .await
         .expect("cron.job")
         .get(0);
-    assert_eq!(jobs, 1);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(100);
-    loop {
-        let rows = count_rows(&store).await;
-        if rows == 15 {
-            break;
+        assert_eq!(jobs, 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(100);
+        loop {
+            let rows = count_rows(&store).await;
+            if rows == 15 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the pg_cron job did not purge within 100 s ({rows} rows left)\n{}",
+                pg.log()
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the pg_cron job did not purge within 100 s ({rows} rows left)\n{}",
-            pg.log()
+        let succeeded: i64 = client
+            .query_one(
+                "SELECT count(*) FROM cron.job_run_details WHERE status = 'succeeded'",
+                &[],
+            )
+            .await
+            .expect("cron.job_run_details")
+            .get(0);
+        assert!(succeeded >= 1, "the purge must have been a pg_cron run");
+        for i in 0..30 {
+            let live = store.get(&scope, &key(i)).await.expect("get").is_some();
+            assert_eq!(live, i % 2 == 1, "key {i}");
+        }
+    }
+
+    /// Without pg_cron, migrate says so and schedules nothing; the library purge does the work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_pg_cron_migrate_reports_it_and_purge_expired_works() {
+        let schema = idempotency_testkit::TestSchema::new("idem_t");
+        let url = schema.url().to_owned();
+        let store = PostgresStore::builder(&url)
+            .schema(schema.name())
+            .build()
+            .await
+            .unwrap_or_else(|e| {
+                idempotency_testkit::env::server_unreachable("PostgreSQL", &url, &e)
+            });
+        let report = store.migrate().await.expect("migrate");
+        assert!(matches!(
+            report.purge_job,
+            PurgeJob::PgCronUnavailable { .. }
+        ));
+        assert!(report.to_string().contains("purge_expired"));
+        let scope = Scope::new("u").expect("scope");
+        let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new());
+        for i in 0..10 {
+            let token = LeaseToken::new();
+            store
+                .claim(&scope, &key(i), &fp(), token, HOUR)
+                .await
+                .expect("claim");
+            let _ = store
+                .complete(&scope, &key(i), token, &response, Duration::from_millis(1))
+                .await
+                .expect("complete");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            store.purge_expired(4).await.expect("purge"),
+            4,
+            "purge is batched"
         );
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(store.purge_expired(100).await.expect("purge"), 6);
+        assert_eq!(count_rows(&store).await, 0);
+        schema.drop().await;
     }
-    let succeeded: i64 = client
-        .query_one(
-            "SELECT count(*) FROM cron.job_run_details WHERE status = 'succeeded'",
-            &[],
-        )
-        .await
-        .expect("cron.job_run_details")
-        .get(0);
-    assert!(succeeded >= 1, "the purge must have been a pg_cron run");
-    for i in 0..30 {
-        let live = store.get(&scope, &key(i)).await.expect("get").is_some();
-        assert_eq!(live, i % 2 == 1, "key {i}");
-    }
-}
 
-/// Without pg_cron, migrate says so and schedules nothing; the library purge does the work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_pg_cron_migrate_reports_it_and_purge_expired_works() {
-    let url = idempotency_conformance::env::postgres_url();
-    let schema = format!("idem_t_{}", uuid::Uuid::new_v4().simple());
-    let store = PostgresStore::connect(&url)
-        .schema(&schema)
-        .build()
-        .await
-        .unwrap_or_else(|e| {
-            idempotency_conformance::env::server_unreachable("PostgreSQL", &url, &e)
-        });
-    let report = store.migrate().await.expect("migrate");
-    assert!(matches!(
-        report.purge_job,
-        PurgeJob::PgCronUnavailable { .. }
-    ));
-    assert!(report.to_string().contains("purge_expired"));
-    let scope = Scope::new("u").expect("scope");
-    let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new());
-    for i in 0..10 {
-        let token = LeaseToken::new();
-        store
-            .claim(&scope, &key(i), &fp(), token, HOUR)
-            .await
-            .expect("claim");
-        let _ = store
-            .complete(&scope, &key(i), token, &response, Duration::from_millis(1))
-            .await
-            .expect("complete");
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(
-        store.purge_expired(4).await.expect("purge"),
-        4,
-        "purge is batched"
-    );
-    assert_eq!(store.purge_expired(100).await.expect("purge"), 6);
-    assert_eq!(count_rows(&store).await, 0);
-    let client = store.pool().get().await.expect("connection");
-    client
-        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .await
-        .expect("drop schema");
-}
-
-/// A store pointed at a streaming standby refuses to start, naming the writer endpoint.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standby_is_refused_with_a_message_naming_the_writer() {
-    let primary = cluster(&[]);
-    let standby = primary
-        .start_standby()
-        .unwrap_or_else(|e| panic!("pg_basebackup standby: {e}\n{}", primary.log()));
-    // The primary itself is fine.
-    store(&primary.url("postgres"), "public", TableMode::Unlogged).await;
-    match PostgresStore::connect(standby.url("postgres"))
-        .build()
-        .await
-    {
-        Err(e @ PostgresStoreError::ReadOnlyServer) => {
-            let message = e.to_string();
-            assert!(message.contains("writer"), "{message}");
-            assert!(message.contains("unlogged"), "{message}");
-        }
-        other => panic!("a standby must be refused, got {other:?}"),
-    }
-    // What the check prevents: reading the unlogged table on the standby fails.
-    let (client, connection) =
-        tokio_postgres::connect(&standby.url("postgres"), tokio_postgres::NoTls)
-            .await
-            .expect("connect to the standby");
-    tokio::spawn(connection);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let error = loop {
-        match client
-            .query("SELECT * FROM public.idempotency_keys", &[])
+    /// A store pointed at a streaming standby refuses to start, naming the writer endpoint.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn standby_is_refused_with_a_message_naming_the_writer() {
+        let primary = cluster(&[]);
+        let standby = primary
+            .start_standby()
+            .unwrap_or_else(|e| panic!("pg_basebackup standby: {e}\n{}", primary.log()));
+        // The primary itself is fine.
+        store(&primary.url("postgres"), "public", TableMode::Unlogged).await;
+        match PostgresStore::builder(standby.url("postgres"))
+            .build()
             .await
         {
-            Ok(_) => panic!("reading an unlogged table on a standby succeeded"),
-            Err(e) => {
-                let message = e
-                    .as_db_error()
-                    .map(|d| d.message().to_owned())
-                    .unwrap_or_else(|| e.to_string());
-                if !message.contains("does not exist") {
-                    break message;
-                }
-                // The table's creation has not been replayed on the standby yet.
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the standby never caught up"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(e @ PostgresStoreError::ReadOnlyServer) => {
+                let message = e.to_string();
+                assert!(message.contains("writer"), "{message}");
+                assert!(message.contains("unlogged"), "{message}");
             }
+            other => panic!("a standby must be refused, got {other:?}"),
         }
-    };
-    assert!(
-        error.contains("cannot access temporary or unlogged relations during recovery"),
-        "{error}"
-    );
-}
-
-/// Two instances migrating at once both succeed (advisory lock), and a mode mismatch is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_migrations_and_mode_mismatch() {
-    let url = idempotency_conformance::env::postgres_url();
-    let schema = format!("idem_t_{}", uuid::Uuid::new_v4().simple());
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let (url, schema) = (url.clone(), schema.clone());
-        tasks.push(tokio::spawn(async move {
-            let store = PostgresStore::connect(&url)
-                .schema(schema)
-                .pool_size(1)
-                .build()
+        // What the check prevents: reading the unlogged table on the standby fails.
+        let (client, connection) =
+            tokio_postgres::connect(&standby.url("postgres"), tokio_postgres::NoTls)
                 .await
-                .unwrap_or_else(|e| {
-                    idempotency_conformance::env::server_unreachable("PostgreSQL", &url, &e)
-                });
-            store.migrate().await.map(|r| r.applied.len())
-        }));
+                .expect("connect to the standby");
+        tokio::spawn(connection);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let error = loop {
+            match client
+                .query("SELECT * FROM public.idempotency_keys", &[])
+                .await
+            {
+                Ok(_) => panic!("reading an unlogged table on a standby succeeded"),
+                Err(e) => {
+                    let message = e
+                        .as_db_error()
+                        .map(|d| d.message().to_owned())
+                        .unwrap_or_else(|| e.to_string());
+                    if !message.contains("does not exist") {
+                        break message;
+                    }
+                    // The table's creation has not been replayed on the standby yet.
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the standby never caught up"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(
+            error.contains("cannot access temporary or unlogged relations during recovery"),
+            "{error}"
+        );
     }
-    let mut applied = 0;
-    for t in tasks {
-        applied += t
-            .await
-            .expect("task")
-            .expect("concurrent migrate must succeed");
-    }
-    assert_eq!(applied, 1, "exactly one instance applies the migration");
-    let logged = PostgresStore::connect(&url)
-        .schema(&schema)
-        .table_mode(TableMode::Logged)
-        .build()
-        .await
-        .expect("build");
-    match logged.migrate().await {
-        Err(PostgresStoreError::TableModeMismatch {
-            expected, found, ..
-        }) => {
-            assert_eq!((expected, found), ("LOGGED", "UNLOGGED"))
+
+    /// Two instances migrating at once both succeed (advisory lock), and a mode mismatch is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_migrations_and_mode_mismatch() {
+        let test_schema = idempotency_testkit::TestSchema::new("idem_t");
+        let (url, schema) = (test_schema.url().to_owned(), test_schema.name().to_owned());
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (url, schema) = (url.clone(), schema.clone());
+            tasks.push(tokio::spawn(async move {
+                let store = PostgresStore::builder(&url)
+                    .schema(schema)
+                    .pool_size(1)
+                    .build()
+                    .await
+                    .unwrap_or_else(|e| {
+                        idempotency_testkit::env::server_unreachable("PostgreSQL", &url, &e)
+                    });
+                store.migrate().await.map(|r| r.applied.len())
+            }));
         }
-        other => panic!("a mode mismatch must be refused, got {other:?}"),
+        let mut applied = 0;
+        for t in tasks {
+            applied += t
+                .await
+                .expect("task")
+                .expect("concurrent migrate must succeed");
+        }
+        assert_eq!(applied, 1, "exactly one instance applies the migration");
+        let logged = PostgresStore::builder(&url)
+            .schema(&schema)
+            .table_mode(TableMode::Logged)
+            .build()
+            .await
+            .expect("build");
+        match logged.migrate().await {
+            Err(PostgresStoreError::TableModeMismatch {
+                expected, found, ..
+            }) => {
+                assert_eq!((expected, found), ("LOGGED", "UNLOGGED"))
+            }
+            other => panic!("a mode mismatch must be refused, got {other:?}"),
+        }
+        test_schema.drop().await;
     }
-    let client = logged.pool().get().await.expect("connection");
-    client
-        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .await
-        .expect("drop schema");
 }

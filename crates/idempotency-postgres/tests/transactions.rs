@@ -2,413 +2,416 @@
 //! and the stored response commit together or not at all, whatever happens before the commit.
 //! Each test gets its own schema with a `side_effects` table standing in for business data.
 
-use bytes::Bytes;
-use idempotency_conformance::env::{postgres_url, server_unreachable};
-use idempotency_core::http::{HeaderMap, StatusCode};
-use idempotency_core::{
-    Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
-    IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope, StoredResponse,
-    TransactionError,
-};
-use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
-use std::time::Duration;
+mod postgres {
+    use bytes::Bytes;
+    use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::{
+        Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
+        IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope,
+        StoredResponse, TransactionError,
+    };
+    use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
+    use idempotency_testkit::TestSchema;
+    use idempotency_testkit::env::{postgres_url, server_unreachable};
+    use std::time::Duration;
 
-const MODES: [TableMode; 3] = [
-    TableMode::Unlogged,
-    TableMode::Logged,
-    TableMode::LoggedAsyncCommit,
-];
+    const MODES: [TableMode; 3] = [
+        TableMode::Unlogged,
+        TableMode::Logged,
+        TableMode::LoggedAsyncCommit,
+    ];
 
-struct Fixture {
-    store: PostgresStore,
-    schema: String,
-}
-
-impl Fixture {
-    async fn new(mode: TableMode) -> Fixture {
-        let url = postgres_url();
-        let schema = format!("idem_tx_{}", uuid::Uuid::new_v4().simple());
-        let store = PostgresStore::connect(&url)
-            .schema(&schema)
-            .table_mode(mode)
-            .pool_size(4)
-            .build()
-            .await
-            .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
-        store.migrate().await.expect("migrate a fresh schema");
-        let client = store.pool().get().await.expect("connection");
-        client
-            .batch_execute(&format!(
-                "CREATE TABLE \"{schema}\".side_effects (key text NOT NULL)"
-            ))
-            .await
-            .expect("create the side-effect table");
-        Fixture { store, schema }
+    struct Fixture {
+        store: PostgresStore,
+        schema: String,
     }
 
-    fn engine(&self, config: EngineConfig) -> Engine<PostgresStore> {
-        Engine::new(self.store.clone(), config)
-    }
-
-    /// How many side effects `key` has.
-    async fn side_effects(&self, key: &IdempotencyKey) -> i64 {
-        let client = self.store.pool().get().await.expect("connection");
-        client
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM \"{}\".side_effects WHERE key = $1",
-                    self.schema
-                ),
-                &[&key.as_str()],
-            )
-            .await
-            .expect("count side effects")
-            .get(0)
-    }
-
-    /// Runs SQL on a pooled connection.
-    async fn sql(&self, sql: &str) {
-        let client = self.store.pool().get().await.expect("connection");
-        client
-            .batch_execute(&sql.replace("{schema}", &self.schema))
-            .await
-            .expect("run SQL");
-    }
-
-    /// Every pooled connection is outside any transaction (none went back to the pool open).
-    async fn assert_pool_clean(&self) {
-        assert!(
-            !self.pool_has_open_transaction().await,
-            "a connection went back to the pool inside a transaction"
-        );
-    }
-
-    async fn pool_has_open_transaction(&self) -> bool {
-        let mut clients = Vec::new();
-        for _ in 0..4 {
-            clients.push(self.store.pool().get().await.expect("connection"));
-        }
-        for client in &clients {
-            // Over the simple protocol, a statement outside a transaction starts its own, so
-            // its start and the transaction's are the same instant; inside an older
-            // transaction they differ.
-            let rows = client
-                .simple_query("SELECT now() <> statement_timestamp()")
+    impl Fixture {
+        async fn new(mode: TableMode) -> Fixture {
+            let test_schema = TestSchema::new("idem_tx");
+            let (url, schema) = (test_schema.url(), test_schema.name().to_owned());
+            let store = PostgresStore::builder(url)
+                .schema(&schema)
+                .table_mode(mode)
+                .pool_size(4)
+                .build()
                 .await
-                .expect("probe the connection");
-            let in_transaction = rows.iter().any(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
-                _ => false,
-            });
-            if in_transaction {
-                return true;
-            }
+                .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+            store.migrate().await.expect("migrate a fresh schema");
+            let client = store.pool().get().await.expect("connection");
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE \"{schema}\".side_effects (key text NOT NULL)"
+                ))
+                .await
+                .expect("create the side-effect table");
+            Fixture { store, schema }
         }
-        false
+
+        fn engine(&self, config: EngineConfig) -> Engine<PostgresStore> {
+            Engine::new(self.store.clone(), config)
+        }
+
+        /// How many side effects `key` has.
+        async fn side_effects(&self, key: &IdempotencyKey) -> i64 {
+            let client = self.store.pool().get().await.expect("connection");
+            client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM \"{}\".side_effects WHERE key = $1",
+                        self.schema
+                    ),
+                    &[&key.as_str()],
+                )
+                .await
+                .expect("count side effects")
+                .get(0)
+        }
+
+        /// Runs SQL on a pooled connection.
+        async fn sql(&self, sql: &str) {
+            let client = self.store.pool().get().await.expect("connection");
+            client
+                .batch_execute(&sql.replace("{schema}", &self.schema))
+                .await
+                .expect("run SQL");
+        }
+
+        /// Every pooled connection is outside any transaction (none went back to the pool open).
+        async fn assert_pool_clean(&self) {
+            assert!(
+                !self.pool_has_open_transaction().await,
+                "a connection went back to the pool inside a transaction"
+            );
+        }
+
+        async fn pool_has_open_transaction(&self) -> bool {
+            let mut clients = Vec::new();
+            for _ in 0..4 {
+                clients.push(self.store.pool().get().await.expect("connection"));
+            }
+            for client in &clients {
+                // Over the simple protocol, a statement outside a transaction starts its own, so
+                // its start and the transaction's are the same instant; inside an older
+                // transaction they differ.
+                let rows = client
+                    .simple_query("SELECT now() <> statement_timestamp()")
+                    .await
+                    .expect("probe the connection");
+                let in_transaction = rows.iter().any(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+                    _ => false,
+                });
+                if in_transaction {
+                    return true;
+                }
+            }
+            false
+        }
+
+        async fn drop(self) {
+            idempotency_testkit::drop_test_schema(&self.schema).await;
+        }
     }
 
-    async fn drop(self) {
-        self.sql("DROP SCHEMA \"{schema}\" CASCADE").await;
+    fn scope() -> Scope {
+        Scope::new(format!("tx:{}", uuid::Uuid::new_v4())).expect("valid scope")
     }
-}
 
-fn scope() -> Scope {
-    Scope::new(format!("tx:{}", uuid::Uuid::new_v4())).expect("valid scope")
-}
-
-fn key() -> IdempotencyKey {
-    IdempotencyKey::parse(
-        uuid::Uuid::new_v4().to_string().as_bytes(),
-        KeyFormat::UuidV4,
-    )
-    .expect("valid key")
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
-}
-
-fn response(status: u16) -> StoredResponse {
-    StoredResponse::new(
-        StatusCode::from_u16(status).expect("valid status"),
-        HeaderMap::new(),
-        Bytes::from_static(b"{\"id\":1}"),
-    )
-}
-
-async fn proceed(
-    engine: &Engine<PostgresStore>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-) -> Guard<PostgresStore> {
-    match engine
-        .begin(scope.clone(), key.clone(), fp())
-        .await
-        .expect("begin")
-    {
-        Begin::Proceed(guard) => guard,
-        other => panic!("a free key must proceed, got {other:?}"),
+    fn key() -> IdempotencyKey {
+        IdempotencyKey::parse(
+            uuid::Uuid::new_v4().to_string().as_bytes(),
+            KeyFormat::UuidV4,
+        )
+        .expect("valid key")
     }
-}
 
-/// The key is released within 5 s (in the background): a new request proceeds.
-async fn assert_released(engine: &Engine<PostgresStore>, s: &Scope, k: &IdempotencyKey) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    fn fp() -> Fingerprint {
+        Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
+    }
+
+    fn response(status: u16) -> StoredResponse {
+        StoredResponse::new(
+            StatusCode::from_u16(status).expect("valid status"),
+            HeaderMap::new(),
+            Bytes::from_static(b"{\"id\":1}"),
+        )
+    }
+
+    async fn proceed(
+        engine: &Engine<PostgresStore>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Guard<PostgresStore> {
         match engine
-            .begin(s.clone(), k.clone(), fp())
+            .begin(scope.clone(), key.clone(), fp())
             .await
             .expect("begin")
         {
-            Begin::Proceed(_) => return,
-            Begin::InFlight { .. } if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => panic!("the key must be released, got {other:?}"),
+            Begin::Proceed(guard) => guard,
+            other => panic!("a free key must proceed, got {other:?}"),
         }
     }
-}
 
-/// The handler's side effect, written in the request's transaction.
-async fn write_side_effect(guard: &Guard<PostgresStore>, schema: &str) {
-    let slot = guard
-        .transaction()
-        .expect("the PostgreSQL store offers a transaction");
-    let tx = slot
-        .open::<PgTransaction>()
+    /// The key is released within 5 s (in the background): a new request proceeds.
+    async fn assert_released(engine: &Engine<PostgresStore>, s: &Scope, k: &IdempotencyKey) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match engine
+                .begin(s.clone(), k.clone(), fp())
+                .await
+                .expect("begin")
+            {
+                Begin::Proceed(_) => return,
+                Begin::InFlight { .. } if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => panic!("the key must be released, got {other:?}"),
+            }
+        }
+    }
+
+    /// The handler's side effect, written in the request's transaction.
+    async fn write_side_effect(guard: &Guard<PostgresStore>, schema: &str) {
+        let slot = guard
+            .transaction()
+            .expect("the PostgreSQL store offers a transaction");
+        let tx = slot
+            .open::<PgTransaction>()
+            .await
+            .expect("open the transaction");
+        tx.execute(
+            &format!("INSERT INTO \"{schema}\".side_effects (key) VALUES ($1)"),
+            &[&guard.lease().key().as_str()],
+        )
         .await
-        .expect("open the transaction");
-    tx.execute(
-        &format!("INSERT INTO \"{schema}\".side_effects (key) VALUES ($1)"),
-        &[&guard.lease().key().as_str()],
-    )
-    .await
-    .expect("write the side effect");
-}
+        .expect("write the side effect");
+    }
 
-/// The pool probe the other tests rely on sees a connection left inside a transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pool_probe_sees_a_connection_left_in_a_transaction() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    assert!(!f.pool_has_open_transaction().await);
-    f.sql("BEGIN").await;
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    assert!(f.pool_has_open_transaction().await);
-    f.sql("ROLLBACK").await;
-    f.drop().await;
-}
+    /// The pool probe the other tests rely on sees a connection left inside a transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pool_probe_sees_a_connection_left_in_a_transaction() {
+        let f = Fixture::new(TableMode::Unlogged).await;
+        assert!(!f.pool_has_open_transaction().await);
+        f.sql("BEGIN").await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(f.pool_has_open_transaction().await);
+        f.sql("ROLLBACK").await;
+        f.drop().await;
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_keeps_the_side_effect_and_the_response_together() {
-    for mode in MODES {
-        let f = Fixture::new(mode).await;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_keeps_the_side_effect_and_the_response_together() {
+        for mode in MODES {
+            let f = Fixture::new(mode).await;
+            let engine = f.engine(EngineConfig::default());
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            write_side_effect(&guard, &f.schema).await;
+            // Not visible outside the transaction before the commit.
+            assert_eq!(f.side_effects(&k).await, 0, "{mode:?}");
+            assert_eq!(
+                guard.complete(response(201)).await,
+                Completion::Stored,
+                "{mode:?}"
+            );
+            assert_eq!(f.side_effects(&k).await, 1, "{mode:?}");
+            match engine.begin(s, k, fp()).await.expect("begin") {
+                Begin::Replay(stored) => assert_eq!(stored, response(201), "{mode:?}"),
+                other => panic!("{mode:?}: the retry must replay, got {other:?}"),
+            }
+            f.assert_pool_clean().await;
+            f.drop().await;
+        }
+    }
+
+    /// The lease runs out during the handler and another request takes the key over: the commit is
+    /// refused, and the first handler's write is rolled back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_taken_over_before_the_commit_rolls_the_writes_back() {
+        for mode in MODES {
+            let f = Fixture::new(mode).await;
+            let short = f.engine(
+                EngineConfig::default()
+                    .with_lease(Duration::from_millis(300))
+                    .with_heartbeat(false),
+            );
+            let (s, k) = (scope(), key());
+            let first = proceed(&short, &s, &k).await;
+            write_side_effect(&first, &f.schema).await;
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let second = proceed(&short, &s, &k).await;
+            assert_eq!(
+                first.complete(response(201)).await,
+                Completion::RolledBack(RollbackCause::LeaseLost),
+                "{mode:?}"
+            );
+            assert_eq!(
+                f.side_effects(&k).await,
+                0,
+                "{mode:?}: the stale write must roll back"
+            );
+            write_side_effect(&second, &f.schema).await;
+            assert_eq!(
+                second.complete(response(201)).await,
+                Completion::Stored,
+                "{mode:?}"
+            );
+            assert_eq!(f.side_effects(&k).await, 1, "{mode:?}");
+            f.assert_pool_clean().await;
+            f.drop().await;
+        }
+    }
+
+    /// A status the policy does not store rolls the writes back and frees the key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_status_not_stored_rolls_back_and_releases() {
+        let f = Fixture::new(TableMode::Unlogged).await;
         let engine = f.engine(EngineConfig::default());
         let (s, k) = (scope(), key());
         let guard = proceed(&engine, &s, &k).await;
         write_side_effect(&guard, &f.schema).await;
-        // Not visible outside the transaction before the commit.
-        assert_eq!(f.side_effects(&k).await, 0, "{mode:?}");
-        assert_eq!(
-            guard.complete(response(201)).await,
-            Completion::Stored,
-            "{mode:?}"
-        );
-        assert_eq!(f.side_effects(&k).await, 1, "{mode:?}");
-        match engine.begin(s, k, fp()).await.expect("begin") {
-            Begin::Replay(stored) => assert_eq!(stored, response(201), "{mode:?}"),
-            other => panic!("{mode:?}: the retry must replay, got {other:?}"),
-        }
+        assert_eq!(guard.complete(response(503)).await, Completion::Released);
+        assert_eq!(f.side_effects(&k).await, 0);
+        let retry = proceed(&engine, &s, &k).await;
+        drop(retry);
         f.assert_pool_clean().await;
         f.drop().await;
     }
-}
 
-/// The lease runs out during the handler and another request takes the key over: the commit is
-/// refused, and the first handler's write is rolled back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_over_before_the_commit_rolls_the_writes_back() {
-    for mode in MODES {
-        let f = Fixture::new(mode).await;
-        let short = f.engine(
-            EngineConfig::default()
-                .with_lease(Duration::from_millis(300))
-                .with_heartbeat(false),
-        );
-        let (s, k) = (scope(), key());
-        let first = proceed(&short, &s, &k).await;
-        write_side_effect(&first, &f.schema).await;
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        let second = proceed(&short, &s, &k).await;
-        assert_eq!(
-            first.complete(response(201)).await,
-            Completion::RolledBack(RollbackCause::LeaseLost),
-            "{mode:?}"
-        );
-        assert_eq!(
-            f.side_effects(&k).await,
-            0,
-            "{mode:?}: the stale write must roll back"
-        );
-        write_side_effect(&second, &f.schema).await;
-        assert_eq!(
-            second.complete(response(201)).await,
-            Completion::Stored,
-            "{mode:?}"
-        );
-        assert_eq!(f.side_effects(&k).await, 1, "{mode:?}");
-        f.assert_pool_clean().await;
-        f.drop().await;
-    }
-}
-
-/// A status the policy does not store rolls the writes back and frees the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_status_not_stored_rolls_back_and_releases() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    let engine = f.engine(EngineConfig::default());
-    let (s, k) = (scope(), key());
-    let guard = proceed(&engine, &s, &k).await;
-    write_side_effect(&guard, &f.schema).await;
-    assert_eq!(guard.complete(response(503)).await, Completion::Released);
-    assert_eq!(f.side_effects(&k).await, 0);
-    let retry = proceed(&engine, &s, &k).await;
-    drop(retry);
-    f.assert_pool_clean().await;
-    f.drop().await;
-}
-
-/// A guard dropped mid-request (a panic) rolls its transaction back and frees the key; the
-/// connection does not go back to the pool inside the transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_guard_rolls_back_and_releases() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    let engine = f.engine(EngineConfig::default());
-    let (s, k) = (scope(), key());
-    let guard = proceed(&engine, &s, &k).await;
-    write_side_effect(&guard, &f.schema).await;
-    drop(guard);
-    assert_released(&engine, &s, &k).await;
-    assert_eq!(f.side_effects(&k).await, 0);
-    f.assert_pool_clean().await;
-    f.drop().await;
-}
-
-/// The store refuses the completion (a trigger on the key table): the commit fails, none of the
-/// writes exist, and the key is released so the retry runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_error_at_commit_rolls_back_and_releases() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    let engine = f.engine(EngineConfig::default());
-    let (s, k) = (scope(), key());
-    let guard = proceed(&engine, &s, &k).await;
-    write_side_effect(&guard, &f.schema).await;
-    f.sql(
-        "CREATE FUNCTION \"{schema}\".refuse() RETURNS trigger LANGUAGE plpgsql AS \
-           $$ BEGIN RAISE EXCEPTION 'updates refused'; END $$; \
-         CREATE TRIGGER refuse BEFORE UPDATE ON \"{schema}\".idempotency_keys \
-           FOR EACH ROW EXECUTE FUNCTION \"{schema}\".refuse();",
-    )
-    .await;
-    assert_eq!(
-        guard.complete(response(201)).await,
-        Completion::RolledBack(RollbackCause::Store)
-    );
-    assert_eq!(f.side_effects(&k).await, 0);
-    assert_released(&engine, &s, &k).await;
-    f.assert_pool_clean().await;
-    f.drop().await;
-}
-
-/// A handler that ends the transaction itself is caught: nothing is stored, the key stays
-/// claimed (its writes may or may not exist), and the misuse is reported.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_that_commits_itself_is_caught() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    let engine = f.engine(EngineConfig::default());
-    for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
+    /// A guard dropped mid-request (a panic) rolls its transaction back and frees the key; the
+    /// connection does not go back to the pool inside the transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_guard_rolls_back_and_releases() {
+        let f = Fixture::new(TableMode::Unlogged).await;
+        let engine = f.engine(EngineConfig::default());
         let (s, k) = (scope(), key());
         let guard = proceed(&engine, &s, &k).await;
         write_side_effect(&guard, &f.schema).await;
-        {
-            let slot = guard.transaction().expect("a transaction");
-            let tx = slot.open::<PgTransaction>().await.expect("reopen");
-            tx.batch_execute(end)
-                .await
-                .expect("the handler ends the transaction");
-        }
+        drop(guard);
+        assert_released(&engine, &s, &k).await;
+        assert_eq!(f.side_effects(&k).await, 0);
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// The store refuses the completion (a trigger on the key table): the commit fails, none of the
+    /// writes exist, and the key is released so the retry runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_error_at_commit_rolls_back_and_releases() {
+        let f = Fixture::new(TableMode::Unlogged).await;
+        let engine = f.engine(EngineConfig::default());
+        let (s, k) = (scope(), key());
+        let guard = proceed(&engine, &s, &k).await;
+        write_side_effect(&guard, &f.schema).await;
+        f.sql(
+            "CREATE FUNCTION \"{schema}\".refuse() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN RAISE EXCEPTION 'updates refused'; END $$; \
+         CREATE TRIGGER refuse BEFORE UPDATE ON \"{schema}\".idempotency_keys \
+           FOR EACH ROW EXECUTE FUNCTION \"{schema}\".refuse();",
+        )
+        .await;
         assert_eq!(
             guard.complete(response(201)).await,
-            Completion::TransactionMisused,
-            "{end}"
+            Completion::RolledBack(RollbackCause::Store)
         );
-        match f.store.get(&s, &k).await.expect("get") {
-            Some(record) => assert!(
-                matches!(record.state, RecordState::InFlight { .. }),
-                "{end}: the claim must be kept"
-            ),
-            None => panic!("{end}: the claim must be kept"),
+        assert_eq!(f.side_effects(&k).await, 0);
+        assert_released(&engine, &s, &k).await;
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// A handler that ends the transaction itself is caught: nothing is stored, the key stays
+    /// claimed (its writes may or may not exist), and the misuse is reported.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_that_commits_itself_is_caught() {
+        let f = Fixture::new(TableMode::Unlogged).await;
+        let engine = f.engine(EngineConfig::default());
+        for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            write_side_effect(&guard, &f.schema).await;
+            {
+                let slot = guard.transaction().expect("a transaction");
+                let tx = slot.open::<PgTransaction>().await.expect("reopen");
+                tx.batch_execute(end)
+                    .await
+                    .expect("the handler ends the transaction");
+            }
+            assert_eq!(
+                guard.complete(response(201)).await,
+                Completion::TransactionMisused,
+                "{end}"
+            );
+            match f.store.get(&s, &k).await.expect("get") {
+                Some(record) => assert!(
+                    matches!(record.state, RecordState::InFlight { .. }),
+                    "{end}: the claim must be kept"
+                ),
+                None => panic!("{end}: the claim must be kept"),
+            }
         }
+        f.assert_pool_clean().await;
+        f.drop().await;
     }
-    f.assert_pool_clean().await;
-    f.drop().await;
-}
 
-/// The transaction is only offered while the lease is held, only as the store's type, and not
-/// after the request finished.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_transaction_is_refused_when_it_cannot_be_honoured() {
-    let f = Fixture::new(TableMode::Unlogged).await;
-    let short = f.engine(
-        EngineConfig::default()
-            .with_lease(Duration::from_millis(200))
-            .with_heartbeat(false),
-    );
-    let guard = proceed(&short, &scope(), &key()).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let slot = guard.transaction().expect("a transaction").clone();
-    assert!(matches!(
-        slot.open::<PgTransaction>().await,
-        Err(TransactionError::LeaseLost)
-    ));
-    let engine = f.engine(EngineConfig::default());
-    let guard = proceed(&engine, &scope(), &key()).await;
-    let slot = guard.transaction().expect("a transaction").clone();
-    assert!(matches!(
-        slot.open::<OtherStoresTransaction>().await,
-        Err(TransactionError::WrongType { .. })
-    ));
-    assert_eq!(guard.complete(response(201)).await, Completion::Stored);
-    assert!(matches!(
-        slot.open::<PgTransaction>().await,
-        Err(TransactionError::Closed)
-    ));
-    let off = PostgresStore::connect(postgres_url())
-        .schema(&f.schema)
-        .transactions(false)
-        .build()
-        .await
-        .expect("build");
-    assert!(off.transactional().is_none());
-    f.assert_pool_clean().await;
-    f.drop().await;
-}
-
-/// Another store's transaction type, to ask for the wrong one.
-struct OtherStoresTransaction;
-
-#[async_trait::async_trait]
-impl idempotency_core::StoreTransaction for OtherStoresTransaction {
-    async fn complete_and_commit(
-        self: Box<Self>,
-        _: &StoredResponse,
-        _: Duration,
-    ) -> Result<idempotency_core::CommitOutcome, idempotency_core::StoreError> {
-        Ok(idempotency_core::CommitOutcome::Committed)
+    /// The transaction is only offered while the lease is held, only as the store's type, and not
+    /// after the request finished.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_transaction_is_refused_when_it_cannot_be_honoured() {
+        let f = Fixture::new(TableMode::Unlogged).await;
+        let short = f.engine(
+            EngineConfig::default()
+                .with_lease(Duration::from_millis(200))
+                .with_heartbeat(false),
+        );
+        let guard = proceed(&short, &scope(), &key()).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let slot = guard.transaction().expect("a transaction").clone();
+        assert!(matches!(
+            slot.open::<PgTransaction>().await,
+            Err(TransactionError::LeaseLost)
+        ));
+        let engine = f.engine(EngineConfig::default());
+        let guard = proceed(&engine, &scope(), &key()).await;
+        let slot = guard.transaction().expect("a transaction").clone();
+        assert!(matches!(
+            slot.open::<OtherStoresTransaction>().await,
+            Err(TransactionError::WrongType { .. })
+        ));
+        assert_eq!(guard.complete(response(201)).await, Completion::Stored);
+        assert!(matches!(
+            slot.open::<PgTransaction>().await,
+            Err(TransactionError::Closed)
+        ));
+        let off = PostgresStore::builder(postgres_url())
+            .schema(&f.schema)
+            .transactions(false)
+            .build()
+            .await
+            .expect("build");
+        assert!(off.transactional().is_none());
+        f.assert_pool_clean().await;
+        f.drop().await;
     }
-    async fn rollback(self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
-        Ok(())
-    }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+
+    /// Another store's transaction type, to ask for the wrong one.
+    struct OtherStoresTransaction;
+
+    #[async_trait::async_trait]
+    impl idempotency_core::StoreTransaction for OtherStoresTransaction {
+        async fn complete_and_commit(
+            self: Box<Self>,
+            _: &StoredResponse,
+            _: Duration,
+        ) -> Result<idempotency_core::CommitOutcome, idempotency_core::StoreError> {
+            Ok(idempotency_core::CommitOutcome::Committed)
+        }
+        async fn rollback(self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
+            Ok(())
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
     }
 }

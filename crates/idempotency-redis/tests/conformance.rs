@@ -1,44 +1,46 @@
 //! The conformance suite against the real Redis server (each case under its own key prefix and
 //! random scopes), and against a throwaway three-master Redis Cluster.
 
-use idempotency_conformance::env::{redis_url, server_unreachable};
-use idempotency_redis::RedisStore;
-use idempotency_testkit::TempRedisCluster;
+mod redis {
+    use idempotency_redis::RedisStore;
+    use idempotency_testkit::TempRedisCluster;
+    use idempotency_testkit::env::{redis_url, server_unreachable};
 
-fn prefix() -> String {
-    format!("idem-t:{}:", uuid::Uuid::new_v4().simple())
-}
+    fn prefix() -> String {
+        format!("idem-t:{}:", uuid::Uuid::new_v4().simple())
+    }
 
-async fn single_node() -> RedisStore {
-    let url = redis_url();
-    RedisStore::connect(&url)
-        .key_prefix(prefix())
-        .build()
-        .await
-        .unwrap_or_else(|e| server_unreachable("Redis", &url, &e))
-}
-
-mod single {
-    use super::*;
-    idempotency_conformance::conformance_suite!(single_node());
-}
-
-/// The whole suite against three masters; the cluster's servers stop when the test ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_of_three_masters_passes_the_whole_suite() {
-    let cluster = TempRedisCluster::start()
-        .unwrap_or_else(|e| panic!("could not start a throwaway Redis Cluster: {e}"));
-    let urls = cluster.urls();
-    idempotency_conformance::run_conformance!(async {
-        RedisStore::connect_cluster(urls.clone())
+    async fn single_node() -> RedisStore {
+        let url = redis_url();
+        RedisStore::builder(&url)
             .key_prefix(prefix())
             .build()
             .await
-            .unwrap_or_else(|e| panic!("could not connect to the throwaway cluster: {e}"))
-    });
-    let per_node = cluster.keys_per_node().expect("DBSIZE");
-    assert!(
-        per_node.iter().filter(|&&n| n > 0).count() >= 2,
-        "records must spread over the masters' slots: {per_node:?}"
-    );
+            .unwrap_or_else(|e| server_unreachable("Redis", &url, &e))
+    }
+
+    mod single {
+        use super::*;
+        idempotency_conformance::conformance_suite!(single_node());
+    }
+
+    /// The whole suite against three masters; the cluster's servers stop when the test ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn cluster_of_three_masters_passes_the_whole_suite() {
+        let cluster = TempRedisCluster::start()
+            .unwrap_or_else(|e| panic!("could not start a throwaway Redis Cluster: {e}"));
+        let urls = cluster.urls();
+        idempotency_conformance::run_conformance!(async {
+            RedisStore::cluster_builder(urls.clone())
+                .key_prefix(prefix())
+                .build()
+                .await
+                .unwrap_or_else(|e| panic!("could not connect to the throwaway cluster: {e}"))
+        });
+        let per_node = cluster.keys_per_node().expect("DBSIZE");
+        assert!(
+            per_node.iter().filter(|&&n| n > 0).count() >= 2,
+            "records must spread over the masters' slots: {per_node:?}"
+        );
+    }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 /// loopback port. Stopped (immediately) and removed on drop.
 #[derive(Debug)]
 pub struct TempPostgres {
-    root: PathBuf,
+    root: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
     settings: Vec<String>,
@@ -39,17 +39,23 @@ fn pg_bin_dir() -> io::Result<PathBuf> {
         .ok_or_else(|| io::Error::other("no initdb found under /usr/lib/postgresql/*/bin"))
 }
 
+/// The major version of the newest PostgreSQL server installed (`15`), if any.
+pub(crate) fn installed_version() -> Option<String> {
+    let bin = pg_bin_dir().ok()?;
+    let version = bin.parent()?.file_name()?.to_str()?;
+    Some(version.to_owned())
+}
+
 impl TempPostgres {
     /// Creates and starts a cluster. `settings` are extra `-c name=value` server settings,
     /// given as `name=value`.
     pub fn start(settings: &[&str]) -> io::Result<Self> {
         let bin = pg_bin_dir()?;
-        let root = std::env::temp_dir().join(format!("idem-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&root)?;
+        let root = tempfile::Builder::new().prefix("idem-pg-").tempdir()?;
         let user = is_root().then_some("postgres");
         if let Some(user) = user {
             let (uid, gid) = user_ids(user)?;
-            std::os::unix::fs::chown(&root, Some(uid), Some(gid))?;
+            std::os::unix::fs::chown(root.path(), Some(uid), Some(gid))?;
         }
         let cluster = TempPostgres {
             port: free_port()?,
@@ -78,11 +84,10 @@ impl TempPostgres {
 
     /// Makes a streaming standby of this cluster with `pg_basebackup -R` and starts it.
     pub fn start_standby(&self) -> io::Result<TempPostgres> {
-        let root = std::env::temp_dir().join(format!("idem-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&root)?;
+        let root = tempfile::Builder::new().prefix("idem-pg-").tempdir()?;
         if let Some(user) = self.user {
             let (uid, gid) = user_ids(user)?;
-            std::os::unix::fs::chown(&root, Some(uid), Some(gid))?;
+            std::os::unix::fs::chown(root.path(), Some(uid), Some(gid))?;
         }
         let standby = TempPostgres {
             port: free_port()?,
@@ -113,7 +118,7 @@ impl TempPostgres {
     }
 
     fn data_dir(&self) -> PathBuf {
-        self.root.join("data")
+        self.root.path().join("data")
     }
 
     fn pg(&self, tool: &str, args: &[&str]) -> io::Result<std::process::Output> {
@@ -125,13 +130,13 @@ impl TempPostgres {
         let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
             self.port,
-            path_str(&self.root)?
+            path_str(self.root.path())?
         );
         for setting in &self.settings {
             options.push_str(" -c ");
             options.push_str(setting);
         }
-        let log = self.root.join("server.log");
+        let log = self.root.path().join("server.log");
         self.pg(
             "pg_ctl",
             &[
@@ -181,14 +186,14 @@ impl TempPostgres {
 
     /// The server's log so far (for failure messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+        std::fs::read_to_string(self.root.path().join("server.log")).unwrap_or_default()
     }
 }
 
 impl Drop for TempPostgres {
     fn drop(&mut self) {
+        // The folder goes with `root` after this.
         let _ = self.stop_mode("immediate");
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 

@@ -1,6 +1,6 @@
 use crate::process::free_port;
 use std::io;
-use std::path::PathBuf;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 /// removed on drop.
 #[derive(Debug)]
 pub struct TempRedis {
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     port: u16,
     extra: Vec<String>,
     child: Option<Child>,
@@ -33,9 +33,7 @@ fn cli(port: u16, args: &[&str]) -> io::Result<String> {
 impl TempRedis {
     /// Starts a server; `extra` are more `redis-server` arguments (`--cluster-enabled`, `yes`).
     pub fn start(extra: &[&str]) -> io::Result<Self> {
-        let dir =
-            std::env::temp_dir().join(format!("idem-redis-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir)?;
+        let dir = tempfile::Builder::new().prefix("idem-redis-").tempdir()?;
         let mut server = TempRedis {
             dir,
             port: free_port()?,
@@ -52,7 +50,7 @@ impl TempRedis {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
-            .arg(&self.dir)
+            .arg(self.dir.path())
             .args(["--logfile", "redis.log"])
             .args(&self.extra)
             .stdin(Stdio::null())
@@ -128,8 +126,8 @@ impl TempRedis {
 
 impl Drop for TempRedis {
     fn drop(&mut self) {
+        // The folder goes with `dir` after this.
         let _ = self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

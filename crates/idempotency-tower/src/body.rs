@@ -7,8 +7,7 @@ use http_body_util::{
     BodyExt, BodyStream, Full, LengthLimitError, Limited, StreamBody, combinators::UnsyncBoxBody,
 };
 
-/// A boxed error.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub use idempotency_core::BoxError;
 
 /// The body of every response the layer returns: the handler's (passed through or re-sent),
 /// a replay, or a problem.

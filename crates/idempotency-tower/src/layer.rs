@@ -5,7 +5,7 @@ use crate::service::IdempotencyService;
 use http::request::Parts;
 use http::{HeaderName, Method};
 use idempotency_core::{
-    BodyCanonicalization, Engine, EngineConfig, IdempotencyStore, KeyFormat, Scope, StorePolicy,
+    BodyCanonicalization, Engine, EngineConfig, IdempotencyStore, KeyFormat, ReplayPolicy, Scope,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -198,8 +198,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     }
 
     /// Which handler statuses are stored (default 2xx-4xx except 408 and 429).
-    pub fn store_policy(mut self, policy: StorePolicy) -> Self {
-        self.engine.store_policy = policy;
+    pub fn replay_policy(mut self, policy: ReplayPolicy) -> Self {
+        self.engine.replay_policy = policy;
         self
     }
 

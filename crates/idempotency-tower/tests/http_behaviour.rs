@@ -467,6 +467,30 @@ async fn bodies_over_the_limit_are_413_and_nothing_is_stored() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A body cut off by a limit an outer layer put on it (tower-http's `RequestBodyLimit` wraps the
+/// body in `Limited`) is too large, not unreadable: 413, and nothing runs.
+#[tokio::test]
+async fn a_body_cut_off_by_an_outer_limit_is_413() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let limited =
+        http_body_util::Limited::new(http_body_util::Full::new(Bytes::from("x".repeat(64))), 16);
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/tasks")
+        .header("idempotency-key", KEY)
+        .body(Body::new(limited))
+        .unwrap();
+    req.extensions_mut().insert(User("alice"));
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:body-too-large"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn a_5xx_releases_the_key_and_the_retry_runs() {
     let runs = Arc::new(AtomicUsize::new(0));

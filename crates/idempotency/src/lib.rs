@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 pub use idempotency_core::*;
 pub use idempotency_tower::{
-    BoxError, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
-    Profile, ScopeNotSet, ScopeSet,
+    IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, Profile,
+    ScopeNotSet, ScopeSet,
 };
 #[cfg(feature = "axum")]
 pub use idempotency_tower::{Tx, TxRejection};
@@ -70,18 +70,18 @@ pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, ConnectErro
         "memory" => Ok(Arc::new(MemoryStore::default())),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
-            let store = PostgresStore::connect(url).build().await?;
+            let store = PostgresStore::builder(url).build().await?;
             store.migrate().await?;
             Ok(Arc::new(store))
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(RedisStore::connect(url).build().await?)),
+        "redis" | "rediss" => Ok(Arc::new(RedisStore::builder(url).build().await?)),
         #[cfg(feature = "redis")]
         "redis+cluster" => {
             let nodes = url["redis+cluster://".len()..]
                 .split(',')
                 .map(|node| format!("redis://{node}"));
-            Ok(Arc::new(RedisStore::connect_cluster(nodes).build().await?))
+            Ok(Arc::new(RedisStore::cluster_builder(nodes).build().await?))
         }
         _ => Err(ConnectError::Unsupported(url.to_owned())),
     }

@@ -9,14 +9,14 @@ use std::time::Duration;
 /// (and roll back the request's transaction), so the client's retry runs the handler again (ADR
 /// amendment 5).
 #[derive(Clone)]
-pub struct StorePolicy(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
+pub struct ReplayPolicy(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
 
-impl StorePolicy {
+impl ReplayPolicy {
     /// Store 2xx, 3xx and 4xx; release 5xx. `408 Request Timeout` and `429 Too Many Requests`
     /// are released too: both say "try again later", so replaying them for a day would turn a
     /// passing condition into a permanent answer. 1xx are never final and never stored.
     pub fn standard() -> Self {
-        StorePolicy(Arc::new(|s: StatusCode| {
+        ReplayPolicy(Arc::new(|s: StatusCode| {
             (200..500).contains(&s.as_u16())
                 && s != StatusCode::REQUEST_TIMEOUT
                 && s != StatusCode::TOO_MANY_REQUESTS
@@ -25,29 +25,29 @@ impl StorePolicy {
 
     /// Store every final status, 5xx included (Stripe API v1: "including 500 errors").
     pub fn all_final() -> Self {
-        StorePolicy(Arc::new(|s: StatusCode| s.as_u16() >= 200))
+        ReplayPolicy(Arc::new(|s: StatusCode| s.as_u16() >= 200))
     }
 
     /// Store exactly the statuses for which `f` returns true.
     pub fn custom(f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
-        StorePolicy(Arc::new(f))
+        ReplayPolicy(Arc::new(f))
     }
 
     /// Whether a response with `status` is stored.
-    pub fn should_store(&self, status: StatusCode) -> bool {
+    pub fn replays(&self, status: StatusCode) -> bool {
         (self.0)(status)
     }
 }
 
-impl Default for StorePolicy {
+impl Default for ReplayPolicy {
     fn default() -> Self {
         Self::standard()
     }
 }
 
-impl fmt::Debug for StorePolicy {
+impl fmt::Debug for ReplayPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("StorePolicy(..)")
+        f.write_str("ReplayPolicy(..)")
     }
 }
 
@@ -62,8 +62,8 @@ pub struct EngineConfig {
     pub lease: Duration,
     /// How long a completed response is kept and replayed. Default 24 h (the ADR).
     pub retention: Duration,
-    /// Which statuses are stored. Default [`StorePolicy::standard`].
-    pub store_policy: StorePolicy,
+    /// Which statuses are stored. Default [`ReplayPolicy::standard`].
+    pub replay_policy: ReplayPolicy,
     /// How long a duplicate of an in-flight request waits for the first to finish before it is
     /// answered "in flight" (409). A protocol bound, separate from the store timeout. Default
     /// zero: answer at once.
@@ -84,7 +84,7 @@ impl Default for EngineConfig {
         EngineConfig {
             lease: Duration::from_secs(60),
             retention: Duration::from_secs(24 * 60 * 60),
-            store_policy: StorePolicy::standard(),
+            replay_policy: ReplayPolicy::standard(),
             in_flight_wait: Duration::ZERO,
             heartbeat: true,
             store_timeout: Duration::from_secs(5),
@@ -103,9 +103,9 @@ impl EngineConfig {
         self.retention = retention;
         self
     }
-    /// Sets [`EngineConfig::store_policy`].
-    pub fn with_store_policy(mut self, policy: StorePolicy) -> Self {
-        self.store_policy = policy;
+    /// Sets [`EngineConfig::replay_policy`].
+    pub fn with_replay_policy(mut self, policy: ReplayPolicy) -> Self {
+        self.replay_policy = policy;
         self
     }
     /// Sets [`EngineConfig::in_flight_wait`].
@@ -131,14 +131,14 @@ mod tests {
 
     #[test]
     fn standard_policy_stores_2xx_to_4xx_but_not_transient_or_server_errors() {
-        let p = StorePolicy::standard();
+        let p = ReplayPolicy::standard();
         for s in [200, 201, 204, 301, 400, 404, 409, 422, 499] {
-            assert!(p.should_store(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         for s in [100, 408, 429, 500, 502, 503, 504] {
-            assert!(!p.should_store(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(!p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        assert!(StorePolicy::all_final().should_store(StatusCode::INTERNAL_SERVER_ERROR));
-        assert!(!StorePolicy::custom(|s| s == StatusCode::CREATED).should_store(StatusCode::OK));
+        assert!(ReplayPolicy::all_final().replays(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!ReplayPolicy::custom(|s| s == StatusCode::CREATED).replays(StatusCode::OK));
     }
 }

@@ -1,19 +1,18 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store.
 
-use super::Shared;
 use super::lease::Lease;
+use super::opener::TxOpener;
 use super::retry::{Op, retry_until, spawn_release};
-use crate::transaction::{Opener, Taken, TransactionError, TransactionSlot};
+use super::{Shared, heartbeat};
+use crate::transaction::{Taken, TransactionSlot};
 use crate::{
     CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction, StoredResponse,
 };
 use http::StatusCode;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
 
 /// What [`Guard::complete`] or [`Guard::release`] did with the request's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,7 +98,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         let heartbeat = shared.config.heartbeat.then(|| {
             shared
                 .tasks
-                .spawn(heartbeat(Arc::clone(&shared), lease.clone()))
+                .spawn(heartbeat::run(Arc::clone(&shared), lease.clone()))
                 .abort_handle()
         });
         let transaction = shared.store.transactional().is_some().then(|| {
@@ -136,7 +135,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// Whether a response with `status` would be stored (so a caller can skip buffering a body
     /// that will not be kept).
     pub fn will_store(&self, status: StatusCode) -> bool {
-        self.shared.config.store_policy.should_store(status)
+        self.shared.config.replay_policy.replays(status)
     }
 
     /// Stores the handler's response and commits the request's transaction with it when the
@@ -380,83 +379,5 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
             },
             &runtime,
         );
-    }
-}
-
-/// Extends the lease every third of its length until aborted. A failed extension is retried
-/// sooner; once the lease has run out by this process's clock, or the store says the token no
-/// longer holds the claim, the lease is marked lost and the heartbeat stops.
-async fn heartbeat<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease) {
-    let beat = (lease.length() / 3).max(Duration::from_millis(10));
-    let mut next = beat;
-    loop {
-        tokio::time::sleep(next).await;
-        let sent = Instant::now();
-        match shared.extend(&lease).await {
-            Ok(FenceOutcome::Applied) => {
-                lease.renewed(sent);
-                next = beat;
-            }
-            Ok(FenceOutcome::Stale) => {
-                lease.mark_lost();
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    "the lease ran out while the request was running; another request may run it too"
-                );
-                return;
-            }
-            Err(error) => {
-                if Instant::now() >= lease.deadline() {
-                    lease.mark_lost();
-                    tracing::warn!(
-                        backend = shared.store.backend(),
-                        error = %ErrorChain(&error),
-                        "could not extend the lease before it ran out; another request may run it too"
-                    );
-                    return;
-                }
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not extend the lease; trying again"
-                );
-                next = beat.min(Duration::from_millis(250));
-            }
-        }
-    }
-}
-
-/// Opens a claim's transaction on first use.
-struct TxOpener<S> {
-    shared: Arc<Shared<S>>,
-    lease: Lease,
-}
-
-impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
-    fn open(&self) -> crate::transaction::OpenFuture<'_> {
-        Box::pin(async move {
-            let Some(store) = self.shared.store.transactional() else {
-                return Err(TransactionError::Unavailable);
-            };
-            if !self.lease.is_held() {
-                return Err(TransactionError::LeaseLost);
-            }
-            let lease = &self.lease;
-            let begun = self
-                .shared
-                .call(
-                    Op::Begin,
-                    store.begin_transaction(lease.scope(), lease.key(), lease.token()),
-                )
-                .await;
-            match begun {
-                Ok(Some(tx)) => Ok(tx),
-                Ok(None) => {
-                    lease.mark_lost();
-                    Err(TransactionError::LeaseLost)
-                }
-                Err(error) => Err(TransactionError::Store(error)),
-            }
-        })
     }
 }

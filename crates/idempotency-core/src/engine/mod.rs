@@ -1,18 +1,21 @@
 //! The protocol engine: the one place where the idempotency policy lives.
 //!
 //! - `mod.rs`: [`Engine::begin`], which claims a key and decides what a request does;
-//! - `config.rs`: [`EngineConfig`] and [`StorePolicy`];
+//! - `config.rs`: [`EngineConfig`] and [`ReplayPolicy`];
 //! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
 //!   stored (in the request's transaction when the store offers one);
-//! - `lease.rs`: the [`Lease`] a handler sees;
+//! - `lease.rs`: the [`Lease`] a handler sees; `heartbeat.rs`: what keeps it from running out;
+//! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
 
 mod config;
 mod guard;
+mod heartbeat;
 mod lease;
+mod opener;
 mod retry;
 
-pub use config::{EngineConfig, StorePolicy};
+pub use config::{EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause};
 pub use lease::Lease;
 

@@ -1,4 +1,4 @@
-//! Where store tests find their servers, and how they fail when a server is missing.
+//! Where tests and benches find the shared servers, and how a test fails when one is missing.
 //!
 //! Addresses are read at run time. An unreachable server fails the test with a message that
 //! says how to start it: store tests never skip, so a CI run without its servers is red.
@@ -27,14 +27,17 @@ pub fn server_unreachable(server: &str, url: &str, error: &dyn std::error::Error
     }
     let how = match server {
         "PostgreSQL" => {
-            "start it with `pg_ctlcluster 15 main start` (Debian), or point \
-             IDEMPOTENCY_TEST_POSTGRES_URL at a server"
+            let version =
+                crate::postgres::installed_version().unwrap_or_else(|| "<version>".to_owned());
+            format!(
+                "start it with `pg_ctlcluster {version} main start` (Debian), or point \
+                 IDEMPOTENCY_TEST_POSTGRES_URL at a server"
+            )
         }
-        "Redis" => {
-            "start it with `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' \
-             --appendonly no`, or point IDEMPOTENCY_TEST_REDIS_URL at a server"
-        }
-        _ => "start it",
+        "Redis" => "start it with `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 \
+                    --save '' --appendonly no`, or point IDEMPOTENCY_TEST_REDIS_URL at a server"
+            .to_owned(),
+        _ => "start it".to_owned(),
     };
     panic!(
         "{server} is not usable at {url}: {cause}\n\

@@ -1,8 +1,8 @@
 //! The load generator in its short mode, on every store: a duplicate-heavy mix over real HTTP
 //! must create exactly one task per logical request and get only allowed answers.
 
-use idempotency_conformance::env::{postgres_url, redis_url};
-use idempotency_e2e::load::{LoadConfig, run};
+use idempotency_bench::load::{LoadConfig, run};
+use idempotency_testkit::env::{postgres_url, redis_url};
 
 async fn short_load(store: String) {
     let config = LoadConfig {
@@ -26,17 +26,29 @@ async fn short_load(store: String) {
     assert!(report.unexpected.is_empty(), "{:?}", report.unexpected);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn load_memory() {
-    short_load("memory".into()).await;
+mod memory {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn short_load_creates_each_task_once() {
+        short_load("memory".into()).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn load_postgres() {
-    short_load(postgres_url()).await;
+mod postgres {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn short_load_creates_each_task_once() {
+        short_load(postgres_url()).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn load_redis() {
-    short_load(redis_url()).await;
+mod redis {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn short_load_creates_each_task_once() {
+        short_load(redis_url()).await;
+    }
 }

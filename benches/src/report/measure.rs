@@ -1,0 +1,361 @@
+//! Measuring: the mixed workload per store and concurrency, the interleaved comparison, the
+//! raw-driver floor, and WAL and size per table mode.
+
+use hdrhistogram::Histogram;
+use idempotency::{
+    Begin, Completion, Engine, EngineConfig, IdempotencyStore, LeaseToken, TableMode,
+};
+use idempotency_bench::{
+    Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
+    bench_scope, err, fresh_key,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// One workload cell.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    pub(crate) target: Target,
+    pub(crate) concurrency: usize,
+    pub(crate) p50_us: u64,
+    pub(crate) p95_us: u64,
+    pub(crate) p99_us: u64,
+    pub(crate) throughput: f64,
+    pub(crate) unexpected: usize,
+}
+
+/// Library vs raw driver, interleaved at one client.
+#[derive(Debug)]
+pub(crate) struct Floor {
+    pub(crate) target: Target,
+    pub(crate) library_us: f64,
+    pub(crate) raw_us: f64,
+    pub(crate) ping_us: f64,
+    pub(crate) ratio: f64,
+}
+
+/// One store's claim+complete latency in the interleaved comparison.
+#[derive(Debug)]
+pub(crate) struct Compare {
+    pub(crate) target: Target,
+    pub(crate) concurrency: usize,
+    pub(crate) median_us: f64,
+    pub(crate) ratio_to_unlogged: f64,
+}
+
+/// WAL and size per Postgres mode.
+#[derive(Debug)]
+pub(crate) struct PgVolume {
+    pub(crate) mode: TableMode,
+    pub(crate) wal_bytes_per_op: f64,
+    pub(crate) bytes_per_row: f64,
+    pub(crate) rows: i64,
+}
+
+pub(crate) fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values[values.len() / 2]
+}
+
+/// Runs the mixed workload: 70% fresh requests (claim + complete), 20% retries of completed
+/// requests (replay), 10% duplicates of a request still in flight (409).
+pub(crate) async fn workload(
+    connected: &Connected,
+    concurrency: usize,
+    requests: usize,
+) -> Result<(Histogram<u64>, f64, usize), String> {
+    let engine = Engine::new(Arc::clone(&connected.store), EngineConfig::default());
+    let scope = bench_scope();
+    let fp = bench_fingerprint();
+    let response = bench_response();
+    let mut replay_keys = Vec::new();
+    for _ in 0..100 {
+        let key = fresh_key();
+        match engine
+            .begin(scope.clone(), key.clone(), fp)
+            .await
+            .map_err(err)?
+        {
+            Begin::Proceed(guard) => match guard.complete(response.clone()).await {
+                Completion::Stored => {}
+                other => return Err(format!("setup completion: {other:?}")),
+            },
+            other => return Err(format!("setup claim: {other:?}")),
+        }
+        replay_keys.push(key);
+    }
+    let mut held_keys = Vec::new();
+    for _ in 0..10 {
+        let key = fresh_key();
+        connected
+            .store
+            .claim(
+                &scope,
+                &key,
+                &fp,
+                LeaseToken::new(),
+                Duration::from_secs(600),
+            )
+            .await
+            .map_err(err)?;
+        held_keys.push(key);
+    }
+    let replay_keys = Arc::new(replay_keys);
+    let held_keys = Arc::new(held_keys);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (engine, scope, response) = (engine.clone(), scope.clone(), response.clone());
+        let (replay_keys, held_keys, next) = (replay_keys.clone(), held_keys.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(err)?;
+            let mut unexpected = 0usize;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let t = Instant::now();
+                let ok = match i % 10 {
+                    0..=6 => match engine.begin(scope.clone(), fresh_key(), fp).await {
+                        Ok(Begin::Proceed(guard)) => {
+                            guard.complete(response.clone()).await == Completion::Stored
+                        }
+                        _ => false,
+                    },
+                    7 | 8 => matches!(
+                        engine
+                            .begin(
+                                scope.clone(),
+                                replay_keys[i % replay_keys.len()].clone(),
+                                fp
+                            )
+                            .await,
+                        Ok(Begin::Replay(_))
+                    ),
+                    _ => matches!(
+                        engine
+                            .begin(scope.clone(), held_keys[i % held_keys.len()].clone(), fp)
+                            .await,
+                        Ok(Begin::InFlight { .. })
+                    ),
+                };
+                let micros = t.elapsed().as_micros().max(1) as u64;
+                let _ = histogram.record(micros.min(60_000_000));
+                if !ok {
+                    unexpected += 1;
+                }
+            }
+            Ok::<_, String>((histogram, unexpected))
+        }));
+    }
+    let mut total = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(err)?;
+    let mut unexpected = 0;
+    for task in tasks {
+        let (h, u) = task.await.map_err(err)??;
+        total.add(h).map_err(err)?;
+        unexpected += u;
+    }
+    let throughput = requests as f64 / started.elapsed().as_secs_f64();
+    Ok((total, throughput, unexpected))
+}
+
+/// Claim+complete of fresh keys on every store, interleaved round by round (the order rotates
+/// each round), at `concurrency` clients; per-round medians, and per-round ratios to UNLOGGED.
+pub(crate) async fn interleaved(
+    connected: &[(Target, Connected)],
+    concurrency: usize,
+    rounds: usize,
+    ops: usize,
+) -> Result<Vec<Compare>, String> {
+    let mut medians: Vec<Vec<f64>> = vec![Vec::new(); connected.len()];
+    let unlogged = connected
+        .iter()
+        .position(|(t, _)| *t == Target::Postgres(TableMode::Unlogged));
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); connected.len()];
+    for round in 0..rounds {
+        let mut this_round = vec![f64::NAN; connected.len()];
+        for step in 0..connected.len() {
+            let index = (step + round) % connected.len();
+            let store = Arc::clone(&connected[index].1.store);
+            let mut tasks = Vec::new();
+            for _ in 0..concurrency {
+                let store = Arc::clone(&store);
+                tasks.push(tokio::spawn(async move {
+                    let (scope, fp, response) =
+                        (bench_scope(), bench_fingerprint(), bench_response());
+                    let mut samples = Vec::new();
+                    for _ in 0..ops.div_ceil(concurrency) {
+                        let (key, token) = (fresh_key(), LeaseToken::new());
+                        let t = Instant::now();
+                        store
+                            .claim(&scope, &key, &fp, token, LEASE)
+                            .await
+                            .map_err(err)?;
+                        let _ = store
+                            .complete(&scope, &key, token, &response, RETENTION)
+                            .await
+                            .map_err(err)?;
+                        samples.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    Ok::<_, String>(samples)
+                }));
+            }
+            let mut samples = Vec::new();
+            for task in tasks {
+                samples.extend(task.await.map_err(err)??);
+            }
+            this_round[index] = median(&mut samples);
+        }
+        for (i, m) in this_round.iter().enumerate() {
+            medians[i].push(*m);
+            if let Some(u) = unlogged {
+                ratios[i].push(m / this_round[u]);
+            }
+        }
+    }
+    Ok(connected
+        .iter()
+        .enumerate()
+        .map(|(i, (target, _))| Compare {
+            target: *target,
+            concurrency,
+            median_us: median(&mut medians[i]),
+            ratio_to_unlogged: median(&mut ratios[i]),
+        })
+        .collect())
+}
+
+/// Library claim+complete vs the same statements with the driver directly, interleaved.
+pub(crate) async fn floor(
+    connected: &Connected,
+    servers: &Servers,
+    target: Target,
+    rounds: usize,
+    ops: usize,
+) -> Result<Option<Floor>, String> {
+    let Some(mut raw) = Raw::open(connected, servers).await? else {
+        return Ok(None);
+    };
+    let scope = bench_scope();
+    let fp = bench_fingerprint();
+    let response = bench_response();
+    let encoded = response.encode();
+    let (mut lib_medians, mut raw_medians, mut ping_medians, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut lib = Vec::with_capacity(ops);
+        let mut drv = Vec::with_capacity(ops);
+        let mut ping = Vec::with_capacity(ops);
+        // Alternate which side goes first, so drift within a round does not favour one.
+        for side in if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] } {
+            for _ in 0..ops {
+                let t = Instant::now();
+                match side {
+                    0 => {
+                        let (key, token) = (fresh_key(), LeaseToken::new());
+                        connected
+                            .store
+                            .claim(&scope, &key, &fp, token, LEASE)
+                            .await
+                            .map_err(err)?;
+                        let _ = connected
+                            .store
+                            .complete(&scope, &key, token, &response, RETENTION)
+                            .await
+                            .map_err(err)?;
+                        lib.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    1 => {
+                        raw.claim_complete(fresh_key().as_str(), &encoded).await?;
+                        drv.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    _ => {
+                        raw.ping().await?;
+                        ping.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+            }
+        }
+        let (l, d) = (median(&mut lib), median(&mut drv));
+        lib_medians.push(l);
+        raw_medians.push(d);
+        ping_medians.push(median(&mut ping));
+        ratios.push(l / d);
+    }
+    Ok(Some(Floor {
+        target,
+        library_us: median(&mut lib_medians),
+        raw_us: median(&mut raw_medians),
+        ping_us: median(&mut ping_medians),
+        ratio: median(&mut ratios),
+    }))
+}
+
+/// WAL bytes per claim+complete, and table + index bytes per live row.
+pub(crate) async fn pg_volume(
+    connected: &Connected,
+    mode: TableMode,
+    ops: usize,
+) -> Result<PgVolume, String> {
+    let Some(pg) = &connected.postgres else {
+        return Err("not a Postgres target".into());
+    };
+    let client = pg.pool().get().await.map_err(err)?;
+    let scope = bench_scope();
+    let fp = bench_fingerprint();
+    let response = bench_response();
+    let before: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(err)?
+        .get(0);
+    // Give the connection back: the operations below take their own.
+    drop(client);
+    for _ in 0..ops {
+        let (key, token) = (fresh_key(), LeaseToken::new());
+        connected
+            .store
+            .claim(&scope, &key, &fp, token, LEASE)
+            .await
+            .map_err(err)?;
+        let _ = connected
+            .store
+            .complete(&scope, &key, token, &response, RETENTION)
+            .await
+            .map_err(err)?;
+    }
+    let client = pg.pool().get().await.map_err(err)?;
+    let wal: f64 = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
+            &[&before],
+        )
+        .await
+        .map_err(err)?
+        .get(0);
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT count(*), pg_total_relation_size('{}')::float8 FROM {}",
+                pg.table_name().replace('\'', "''"),
+                pg.table_name()
+            ),
+            &[],
+        )
+        .await
+        .map_err(err)?;
+    let rows: i64 = row.get(0);
+    let size: f64 = row.get(1);
+    Ok(PgVolume {
+        mode,
+        wal_bytes_per_op: wal / ops as f64,
+        bytes_per_row: size / rows.max(1) as f64,
+        rows,
+    })
+}

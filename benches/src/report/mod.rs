@@ -1,0 +1,207 @@
+//! The re-evaluation report: `probe` reads the environment, `measure` runs the workloads,
+//! `chart` draws the latency chart, and `render` writes the Markdown from the results.
+
+mod chart;
+mod measure;
+mod probe;
+mod render;
+
+use idempotency_bench::{Servers, Target, connect, err};
+use indicatif::{ProgressBar, ProgressStyle};
+use measure::{Cell, Compare, Floor, PgVolume, floor, interleaved, pg_volume, workload};
+use std::path::PathBuf;
+
+/// Settings of one report run.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// PostgreSQL URL (default: IDEMPOTENCY_TEST_POSTGRES_URL or the loopback server).
+    #[arg(long)]
+    postgres: Option<String>,
+    /// Redis URL (default: IDEMPOTENCY_TEST_REDIS_URL or the loopback server).
+    #[arg(long)]
+    redis: Option<String>,
+    /// Where to write the Markdown report; the chart goes beside it as `<name>-latency.svg`.
+    #[arg(long, default_value = "docs/reevaluation.md")]
+    out: PathBuf,
+    /// Requests per store, mode and concurrency level.
+    #[arg(long, default_value_t = 3000)]
+    requests: usize,
+    /// Concurrency levels (clients in flight at once).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32, 64])]
+    concurrency: Vec<usize>,
+    /// Interleaved rounds of library vs raw driver at one client.
+    #[arg(long, default_value_t = 21)]
+    floor_rounds: usize,
+    /// Operations per side in each floor round.
+    #[arg(long, default_value_t = 100)]
+    floor_ops: usize,
+    /// Claim+complete operations measured for WAL bytes per operation.
+    #[arg(long, default_value_t = 2000)]
+    wal_ops: usize,
+    /// Capacity model: idempotent writes per user per day.
+    #[arg(long, default_value_t = 20.0)]
+    writes_per_user_per_day: f64,
+    /// Capacity model: peak rate over the daily average.
+    #[arg(long, default_value_t = 10.0)]
+    peak_factor: f64,
+    /// Capacity model: retention in hours.
+    #[arg(long, default_value_t = 24.0)]
+    retention_hours: f64,
+}
+
+/// The capacity model's assumptions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Model {
+    pub(crate) writes_per_user_per_day: f64,
+    pub(crate) peak_factor: f64,
+    pub(crate) retention_hours: f64,
+}
+
+/// How the measurements were taken (for the text around them).
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) requests: usize,
+    pub(crate) floor_rounds: usize,
+    pub(crate) floor_ops: usize,
+    pub(crate) wal_ops: usize,
+    pub(crate) model: Model,
+}
+
+/// Everything the report says, measured in one run.
+#[derive(Debug)]
+pub(crate) struct Results {
+    pub(crate) settings: Settings,
+    pub(crate) environment: probe::Environment,
+    pub(crate) cells: Vec<Cell>,
+    pub(crate) compares: Vec<Compare>,
+    pub(crate) floors: Vec<Floor>,
+    pub(crate) volumes: Vec<PgVolume>,
+    /// Stores that could not be reached, and why.
+    pub(crate) skipped: Vec<String>,
+    pub(crate) fsync_after_us: Option<f64>,
+    /// The chart's file name, beside the report.
+    pub(crate) chart_file: String,
+}
+
+/// Runs everything and writes the report; returns its path.
+pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
+    let defaults = Servers::default();
+    let servers = Servers {
+        postgres: args.postgres.clone().unwrap_or(defaults.postgres),
+        redis: args.redis.clone().unwrap_or(defaults.redis),
+    };
+    let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
+    let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 4;
+    let progress = ProgressBar::new(steps as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .map_err(err)?
+            .progress_chars("=> "),
+    );
+
+    // The environment first, so every LOGGED figure has its fsync time beside it.
+    progress.set_message("environment");
+    let environment = probe::environment(&servers).await?;
+    progress.inc(2);
+
+    // Phase 1: each store alone, one at a time, at every concurrency level; then its WAL and size.
+    let mut cells = Vec::new();
+    let mut volumes = Vec::new();
+    let mut skipped = Vec::new();
+    for target in Target::ALL {
+        let c = match connect(target, &servers, max_c.clamp(2, 64)).await {
+            Ok(c) => c,
+            Err(why) => {
+                progress.println(format!("skipping {}: {why}", target.name()));
+                skipped.push(format!("{}: {why}", target.name()));
+                progress.inc(args.concurrency.len() as u64 + 2);
+                continue;
+            }
+        };
+        for &concurrency in &args.concurrency {
+            progress.set_message(format!("{} at {concurrency} clients", target.name()));
+            let (h, throughput, unexpected) = workload(&c, concurrency, args.requests).await?;
+            cells.push(Cell {
+                target,
+                concurrency,
+                p50_us: h.value_at_quantile(0.50),
+                p95_us: h.value_at_quantile(0.95),
+                p99_us: h.value_at_quantile(0.99),
+                throughput,
+                unexpected,
+            });
+            progress.inc(1);
+        }
+        if let Target::Postgres(mode) = target {
+            progress.set_message(format!("{}: WAL and size", target.name()));
+            volumes.push(pg_volume(&c, mode, args.wal_ops).await?);
+        }
+        c.cleanup().await;
+        progress.inc(2);
+    }
+
+    // Phase 2: every store connected with a small pool, compared round by round.
+    progress.set_message("interleaved comparison");
+    let mut connected = Vec::new();
+    for target in Target::ALL {
+        if let Ok(c) = connect(target, &servers, 8).await {
+            connected.push((target, c));
+        }
+    }
+    let mut compares = interleaved(&connected, 1, args.floor_rounds, args.floor_ops).await?;
+    progress.inc(1);
+    compares.extend(interleaved(&connected, 8, args.floor_rounds, args.floor_ops * 4).await?);
+    progress.inc(1);
+    let mut floors = Vec::new();
+    for (target, c) in &connected {
+        progress.set_message(format!("{}: library vs raw driver", target.name()));
+        if let Some(f) = floor(c, &servers, *target, args.floor_rounds, args.floor_ops).await? {
+            floors.push(f);
+        }
+    }
+    let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
+    for (_, c) in &connected {
+        c.cleanup().await;
+    }
+    progress.finish_with_message("done");
+
+    if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    let chart_file = format!(
+        "{}-latency.svg",
+        args.out
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("report")
+    );
+    chart::draw(
+        &args.out.with_file_name(&chart_file),
+        &cells,
+        &args.concurrency,
+    )?;
+    let results = Results {
+        settings: Settings {
+            requests: args.requests,
+            floor_rounds: args.floor_rounds,
+            floor_ops: args.floor_ops,
+            wal_ops: args.wal_ops,
+            model: Model {
+                writes_per_user_per_day: args.writes_per_user_per_day,
+                peak_factor: args.peak_factor,
+                retention_hours: args.retention_hours,
+            },
+        },
+        environment,
+        cells,
+        compares,
+        floors,
+        volumes,
+        skipped,
+        fsync_after_us,
+        chart_file,
+    };
+    let md = render::markdown(&results).map_err(err)?;
+    std::fs::write(&args.out, md).map_err(|e| format!("writing {}: {e}", args.out.display()))?;
+    Ok(args.out)
+}

@@ -1,0 +1,43 @@
+//! Opening a request's transaction, on first use.
+
+use super::Shared;
+use super::lease::Lease;
+use super::retry::Op;
+use crate::IdempotencyStore;
+use crate::transaction::{OpenFuture, Opener, TransactionError};
+use std::sync::Arc;
+
+/// Opens a claim's transaction on first use.
+pub(crate) struct TxOpener<S> {
+    pub(crate) shared: Arc<Shared<S>>,
+    pub(crate) lease: Lease,
+}
+
+impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
+    fn open(&self) -> OpenFuture<'_> {
+        Box::pin(async move {
+            let Some(store) = self.shared.store.transactional() else {
+                return Err(TransactionError::Unavailable);
+            };
+            if !self.lease.is_held() {
+                return Err(TransactionError::LeaseLost);
+            }
+            let lease = &self.lease;
+            let begun = self
+                .shared
+                .call(
+                    Op::Begin,
+                    store.begin_transaction(lease.scope(), lease.key(), lease.token()),
+                )
+                .await;
+            match begun {
+                Ok(Some(tx)) => Ok(tx),
+                Ok(None) => {
+                    lease.mark_lost();
+                    Err(TransactionError::LeaseLost)
+                }
+                Err(error) => Err(TransactionError::Store(error)),
+            }
+        })
+    }
+}

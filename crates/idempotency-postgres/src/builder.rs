@@ -1,0 +1,217 @@
+//! Building a store: from a URL or an existing pool, with its table, mode and pool settings.
+
+use crate::error::PostgresStoreError;
+use crate::schema::{Statements, TableMode, TableName};
+use crate::state::StateWatch;
+use crate::store::{Inner, PostgresStore};
+use crate::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+/// Where the store's connections come from.
+enum Source {
+    Url(String),
+    Pool(Pool),
+}
+
+/// Builds a [`PostgresStore`].
+pub struct PostgresStoreBuilder {
+    source: Source,
+    schema: String,
+    table: String,
+    mode: TableMode,
+    pool_size: usize,
+    connect_timeout: Duration,
+    purge_schedule: String,
+    transactions: bool,
+}
+
+impl fmt::Debug for PostgresStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStoreBuilder")
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("mode", &self.mode)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStoreBuilder {
+    fn new(source: Source) -> Self {
+        PostgresStoreBuilder {
+            source,
+            schema: "public".to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            mode: TableMode::default(),
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
+            transactions: true,
+        }
+    }
+
+    /// Whether handlers are offered a transaction in which their writes commit together with
+    /// the stored response ([`PgTransaction`](crate::PgTransaction); default true). Off, every request is completed
+    /// on its own statement, as with the other stores.
+    pub fn transactions(mut self, offer: bool) -> Self {
+        self.transactions = offer;
+        self
+    }
+
+    /// The schema of the table (default `public`). Letters, digits and underscores.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The table name (default `idempotency_keys`). Letters, digits and underscores.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
+    pub fn table_mode(mut self, mode: TableMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Connections in the pool built from a URL (default 16).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Bound on connecting and on waiting for a pooled connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The pg_cron schedule [`PostgresStore::migrate`] gives the purge job (default hourly,
+    /// `0 * * * *`).
+    pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
+        self.purge_schedule = schedule.into();
+        self
+    }
+
+    /// The SQL [`PostgresStore::migrate`] would apply, for teams that run their own migration
+    /// tool. It does not connect.
+    pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
+        let name = TableName::new(&self.schema, &self.table)?;
+        Ok(crate::migrate::render_all(
+            &name,
+            self.mode,
+            &self.purge_schedule,
+        ))
+    }
+
+    /// Builds the pool (for a URL), checks that the server is a writer and, for
+    /// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
+    pub async fn build(self) -> Result<PostgresStore, PostgresStoreError> {
+        let name = TableName::new(&self.schema, &self.table)?;
+        let watch = Arc::new(StateWatch::new(&name));
+        let pool = match self.source {
+            Source::Pool(pool) => pool,
+            Source::Url(url) => {
+                let mut config = tokio_postgres::Config::from_str(&url)
+                    .map_err(PostgresStoreError::InvalidUrl)?;
+                config.connect_timeout(self.connect_timeout);
+                if self.mode == TableMode::LoggedAsyncCommit {
+                    let options = match config.get_options() {
+                        Some(existing) => format!("{existing} -c synchronous_commit=off"),
+                        None => "-c synchronous_commit=off".to_owned(),
+                    };
+                    config.options(&options);
+                }
+                let manager = Manager::from_config(
+                    config,
+                    NoTls,
+                    ManagerConfig {
+                        recycling_method: RecyclingMethod::Fast,
+                    },
+                );
+                // LIFO hands out the connection used last: at low concurrency every step
+                // reuses one warm connection (and one warm backend process) instead of
+                // rotating through the whole pool.
+                let hook_watch = Arc::clone(&watch);
+                Pool::builder(manager)
+                    .max_size(self.pool_size)
+                    .queue_mode(QueueMode::Lifo)
+                    // Every new connection checks the sentinel: after a crash every connection
+                    // is new, so the first one notices that the table was emptied.
+                    .post_create(Hook::async_fn(move |client, _| {
+                        let watch = Arc::clone(&hook_watch);
+                        Box::pin(async move {
+                            // Before `migrate` the table does not exist yet: not a loss.
+                            if let Err(error) = watch.check(client).await {
+                                tracing::debug!(%error, "could not check the state sentinel");
+                            }
+                            Ok(())
+                        })
+                    }))
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(self.connect_timeout))
+                    .create_timeout(Some(self.connect_timeout))
+                    .build()
+                    .map_err(PostgresStoreError::BuildPool)?
+            }
+        };
+        let client = pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
+                        current_setting('synchronous_commit')",
+                &[],
+            )
+            .await?;
+        let in_recovery: bool = row.get(0);
+        let read_only: String = row.get(1);
+        let synchronous_commit: String = row.get(2);
+        if in_recovery || read_only == "on" {
+            return Err(PostgresStoreError::ReadOnlyServer);
+        }
+        if self.mode == TableMode::LoggedAsyncCommit && synchronous_commit != "off" {
+            return Err(PostgresStoreError::SynchronousCommitOn {
+                found: synchronous_commit,
+            });
+        }
+        drop(client);
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                watch,
+                statements: Statements::new(&name),
+                name,
+                mode: self.mode,
+                pool,
+                purge_schedule: self.purge_schedule,
+                transactions: self.transactions,
+            }),
+        })
+    }
+}
+
+impl PostgresStore {
+    /// A builder for a store that makes its own pool from a `postgres://` URL.
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Source::Url(url.into()))
+    }
+
+    /// A builder for a store on a pool the application already has. For
+    /// [`TableMode::LoggedAsyncCommit`], its connections must run with
+    /// `synchronous_commit = off`.
+    pub fn builder_from_pool(pool: Pool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Source::Pool(pool))
+    }
+
+    /// Connects to `url` with the defaults (table `public.idempotency_keys`, UNLOGGED, 16
+    /// connections). Runs no DDL: create the table with [`PostgresStore::migrate`].
+    pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, PostgresStoreError> {
+        Self::builder(url).build().await
+    }
+}

@@ -1,0 +1,300 @@
+//! The store: its shared state, its accessors, and the six primitives.
+
+use crate::error::{BACKEND, pool_error, query_error};
+use crate::schema::{Statements, TableMode, TableName};
+use crate::state::StateWatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use idempotency_core::{
+    ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
+    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse, TransactionalStore,
+};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::Row;
+
+/// What every clone of a store shares.
+pub(crate) struct Inner {
+    pub(crate) watch: Arc<StateWatch>,
+    pub(crate) pool: Pool,
+    pub(crate) name: TableName,
+    pub(crate) mode: TableMode,
+    pub(crate) statements: Statements,
+    pub(crate) purge_schedule: String,
+    pub(crate) transactions: bool,
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.inner.name.qualified())
+            .field("mode", &self.inner.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The SQL text of each store step; parameters are documented on each field.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct StatementsSql<'a> {
+    /// `$1` scope, `$2` key, `$3` fingerprint bytes, `$4` token (uuid), `$5` lease seconds
+    /// (float8).
+    pub claim: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` status (int4), `$5` response bytes, `$6` retention
+    /// seconds (float8).
+    pub complete: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` lease seconds (float8).
+    pub extend: &'a str,
+    /// `$1` scope, `$2` key, `$3` token.
+    pub release: &'a str,
+    /// `$1` scope, `$2` key.
+    pub get: &'a str,
+    /// `$1` batch size (int8).
+    pub purge: &'a str,
+}
+
+impl PostgresStore {
+    /// The pool the store uses.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The table mode.
+    pub fn table_mode(&self) -> TableMode {
+        self.inner.mode
+    }
+
+    /// The SQL of each store step, as rendered for this table (for `EXPLAIN`, for DBAs, and for
+    /// the benchmark that runs the same statements without the library).
+    pub fn statements(&self) -> StatementsSql<'_> {
+        let s = &self.inner.statements;
+        StatementsSql {
+            claim: &s.claim,
+            complete: &s.complete,
+            extend: &s.extend,
+            release: &s.release,
+            get: &s.get,
+            purge: &s.purge,
+        }
+    }
+
+    /// Checks that the table still holds what it held: returns `true` (and logs an error and
+    /// counts it in `idempotency_store_state_lost_total`) when the table was emptied since the
+    /// last check, by crash recovery of an UNLOGGED table, a failover or a `TRUNCATE`. Pools built
+    /// by the store run this on every new connection; call it periodically on a pool you passed
+    /// in with [`PostgresStore::builder_from_pool`].
+    pub async fn check_state(&self) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        self.inner.watch.check(&client).await.map_err(query_error)
+    }
+
+    /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).
+    pub fn state_losses(&self) -> u64 {
+        self.inner.watch.losses.count()
+    }
+
+    /// The schema of the table.
+    pub fn schema(&self) -> &str {
+        &self.inner.name.schema
+    }
+
+    /// The quoted, schema-qualified table name.
+    pub fn table_name(&self) -> String {
+        self.inner.name.qualified()
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.inner.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
+    async fn fenced(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<FenceOutcome, StoreError> {
+        let (client, statement) = self.prepared(sql).await?;
+        let rows = client
+            .execute(&statement, params)
+            .await
+            .map_err(query_error)?;
+        Ok(FenceOutcome::from_count(rows))
+    }
+
+    /// A pooled connection and `sql` prepared on it (once per connection, then cached).
+    async fn prepared(
+        &self,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(query_error)?;
+        Ok((client, statement))
+    }
+}
+
+fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
+    let corrupt = |what| StoreError::corrupt(BACKEND, CorruptRecord::Field(what));
+    let hash: &[u8] = row.try_get(offset).map_err(|_| corrupt("request_hash"))?;
+    let fingerprint = Fingerprint::from_bytes(hash).map_err(|e| StoreError::corrupt(BACKEND, e))?;
+    let lease_ms: Option<i64> = row
+        .try_get(offset + 1)
+        .map_err(|_| corrupt("locked_until"))?;
+    let response: Option<Vec<u8>> = row.try_get(offset + 2).map_err(|_| corrupt("response"))?;
+    let state = match (lease_ms, response) {
+        (Some(ms), None) => RecordState::InFlight {
+            lease_remaining: Duration::from_millis(ms.max(0) as u64),
+        },
+        (None, Some(bytes)) => RecordState::Completed {
+            response: StoredResponse::decode(Bytes::from(bytes))
+                .map_err(|e| StoreError::corrupt(BACKEND, e))?,
+        },
+        _ => return Err(corrupt("a row must be either in flight or completed")),
+    };
+    Ok(Record { fingerprint, state })
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let (client, statement) = self.prepared(&self.inner.statements.claim).await?;
+        let hash = fingerprint.to_bytes();
+        let lease_secs = lease.as_secs_f64();
+        // A row inserted by a transaction that committed after this statement's snapshot was
+        // taken conflicts with our insert but is invisible to the read half, so the statement
+        // returns nothing; the next attempt sees it. Bounded, and rare outside of races.
+        for _ in 0..8 {
+            let rows = client
+                .query(
+                    &statement,
+                    &[
+                        &scope.as_str(),
+                        &key.as_str(),
+                        &&hash[..],
+                        &token.as_uuid(),
+                        &lease_secs,
+                    ],
+                )
+                .await
+                .map_err(query_error)?;
+            if let Some(row) = rows.first() {
+                let claimed: bool = row.get(0);
+                return if claimed {
+                    Ok(ClaimOutcome::Claimed)
+                } else {
+                    record_from_row(row, 1).map(ClaimOutcome::Existing)
+                };
+            }
+        }
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: "the claim kept racing with concurrent claims of the same key".into(),
+        })
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let encoded = response.encode();
+        let status = i32::from(response.status().as_u16());
+        let statement = &self.inner.statements.complete;
+        self.fenced(
+            statement,
+            &[
+                &scope.as_str(),
+                &key.as_str(),
+                &token.as_uuid(),
+                &status,
+                &&encoded[..],
+                &retention.as_secs_f64(),
+            ],
+        )
+        .await
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let statement = &self.inner.statements.extend;
+        self.fenced(
+            statement,
+            &[
+                &scope.as_str(),
+                &key.as_str(),
+                &token.as_uuid(),
+                &lease.as_secs_f64(),
+            ],
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        let statement = &self.inner.statements.release;
+        self.fenced(
+            statement,
+            &[&scope.as_str(), &key.as_str(), &token.as_uuid()],
+        )
+        .await
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let (client, statement) = self.prepared(&self.inner.statements.get).await?;
+        let row = client
+            .query_opt(&statement, &[&scope.as_str(), &key.as_str()])
+            .await
+            .map_err(query_error)?;
+        row.map(|row| record_from_row(&row, 0)).transpose()
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let (client, statement) = self.prepared(&self.inner.statements.purge).await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        client
+            .execute(&statement, &[&limit])
+            .await
+            .map_err(query_error)
+    }
+
+    /// Unless turned off with [`PostgresStoreBuilder::transactions`](crate::PostgresStoreBuilder::transactions): a handler's writes and
+    /// its stored response can commit in one transaction on the store's pool (see
+    /// [`PgTransaction`](crate::PgTransaction)).
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        if self.inner.transactions {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}

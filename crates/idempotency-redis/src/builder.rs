@@ -1,0 +1,145 @@
+//! Building a store: one server or a cluster, its prefix and timeouts.
+
+use crate::DEFAULT_PREFIX;
+use crate::error::RedisStoreError;
+use crate::store::{Connection, Inner, RedisStore};
+use idempotency_core::StateLoss;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+/// Builds a [`RedisStore`].
+pub struct RedisStoreBuilder {
+    target: Target,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("cluster", &matches!(self.target, Target::Cluster(_)))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key name (default `idempotency:`). Must not contain braces.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on connecting (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bound on each command's answer (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects. A single node gets a [`ConnectionManager`], which reconnects in the background
+    /// after a failure; a cluster gets the cluster client's connection, which follows slot moves.
+    pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisStoreError::InvalidPrefix(self.prefix));
+        }
+        let connection = match self.target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url).map_err(RedisStoreError::Connect)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                Connection::Single(
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(RedisStoreError::Connect)?,
+                )
+            }
+            Target::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClient::builder(nodes)
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(self.response_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(RedisStoreError::Connect)?;
+                Connection::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(RedisStoreError::Connect)?,
+                )
+            }
+        };
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                sentinel: format!("{}state-sentinel", self.prefix),
+                prefix: self.prefix,
+                needs_check: AtomicBool::new(false),
+                losses: StateLoss::default(),
+            }),
+        };
+        // The first store on this prefix plants the sentinel; its later absence means Redis lost
+        // its data (a restart without persistence, a failover to an empty replica, a FLUSHALL).
+        store
+            .plant_sentinel()
+            .await
+            .map_err(RedisStoreError::Connect)?;
+        Ok(store)
+    }
+}
+
+impl RedisStore {
+    /// A builder for a store on one Redis server, e.g. `redis://127.0.0.1:6379`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        Self::builder_for(Target::Single(url.into()))
+    }
+
+    /// A builder for a store on a Redis Cluster, given some of its nodes.
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder_for(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    }
+
+    /// Connects to one Redis server with the defaults.
+    pub async fn connect(url: impl Into<String>) -> Result<RedisStore, RedisStoreError> {
+        Self::builder(url).build().await
+    }
+
+    /// Connects to a Redis Cluster with the defaults.
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<RedisStore, RedisStoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::cluster_builder(nodes).build().await
+    }
+
+    fn builder_for(target: Target) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The store: its connection, key names, loss detection and the six primitives.
+
+use crate::error::{BACKEND, corrupt, redis_error};
+use crate::reply::{CLAIMED, COMPLETED, IN_FLIGHT, record_from_reply};
+use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
+use async_trait::async_trait;
+use idempotency_core::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    Scope, StateLoss, StoreError, StoredResponse,
+};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Value};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+pub(crate) struct Inner {
+    pub(crate) connection: Connection,
+    pub(crate) prefix: String,
+    pub(crate) sentinel: String,
+    pub(crate) needs_check: AtomicBool,
+    pub(crate) losses: StateLoss,
+}
+
+/// The Redis store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field(
+                "cluster",
+                &matches!(self.inner.connection, Connection::Cluster(_)),
+            )
+            .finish()
+    }
+}
+
+/// Percent-encodes the characters that would break the `{scope:key}` hash tag.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            ':' => out.push_str("%3A"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    // PEXPIRE 0 deletes the key; a lease or retention always lasts at least a millisecond.
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisStore {
+    /// The Redis key name of `(scope, key)`.
+    pub fn record_key(&self, scope: &Scope, key: &IdempotencyKey) -> String {
+        let mut name = String::with_capacity(
+            self.inner.prefix.len() + scope.as_str().len() + key.as_str().len() + 8,
+        );
+        name.push_str(&self.inner.prefix);
+        name.push('{');
+        escape_into(&mut name, scope.as_str());
+        name.push(':');
+        escape_into(&mut name, key.as_str());
+        name.push('}');
+        name
+    }
+
+    /// Sets the sentinel if it is missing; returns whether it was missing.
+    pub(crate) async fn plant_sentinel(&self) -> Result<bool, RedisError> {
+        let mut command = redis::cmd("SET");
+        command.arg(&self.inner.sentinel).arg(1).arg("NX");
+        let reply: Option<String> = match &self.inner.connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await?,
+            Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
+        };
+        Ok(reply.is_some())
+    }
+
+    /// Checks that Redis still holds what it held: returns `true` (and logs an error and counts
+    /// it in `idempotency_store_state_lost_total`) when the store's sentinel key is gone, which
+    /// means Redis lost its data (a restart without persistence, a failover to an empty replica,
+    /// `FLUSHALL`, or eviction under an evicting `maxmemory-policy`). The store runs it by itself
+    /// before its first call after a connection failure; call it periodically to also notice a
+    /// restart that happened while the store was idle.
+    pub async fn check_state(&self) -> Result<bool, StoreError> {
+        let lost = self.plant_sentinel().await.map_err(|e| {
+            self.inner.needs_check.store(true, Ordering::Relaxed);
+            redis_error(e)
+        })?;
+        if lost {
+            self.inner.losses.found(
+                BACKEND,
+                &self.inner.prefix,
+                "Redis no longer holds the sentinel key: a restart without persistence, a \
+                 failover, FLUSHALL or eviction",
+            );
+        }
+        Ok(lost)
+    }
+
+    /// How many times this store found Redis' data gone (see [`RedisStore::check_state`]).
+    pub fn state_losses(&self) -> u64 {
+        self.inner.losses.count()
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        if self.inner.needs_check.swap(false, Ordering::Relaxed) {
+            self.check_state().await?;
+        }
+        async fn on<C: ConnectionLike, T: redis::FromRedisValue>(
+            mut connection: C,
+            invocation: &redis::ScriptInvocation<'_>,
+        ) -> Result<T, RedisError> {
+            invocation.invoke_async(&mut connection).await
+        }
+        let result = match &self.inner.connection {
+            Connection::Single(c) => on(c.clone(), invocation).await,
+            Connection::Cluster(c) => on(c.clone(), invocation).await,
+        };
+        result.map_err(|e| {
+            let error = redis_error(e);
+            if error.is_retryable() {
+                // The connection failed: Redis may come back empty. Check before the next call.
+                self.inner.needs_check.store(true, Ordering::Relaxed);
+            }
+            error
+        })
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = CLAIM.key(self.record_key(scope, key));
+        invocation
+            .arg(&fingerprint.to_bytes()[..])
+            .arg(&token.as_bytes()[..])
+            .arg(millis(lease));
+        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let mut items = reply.into_iter();
+        match items.next() {
+            Some(Value::Int(CLAIMED)) => Ok(ClaimOutcome::Claimed),
+            Some(Value::Int(tag @ (IN_FLIGHT | COMPLETED))) => {
+                record_from_reply(items, tag).map(ClaimOutcome::Existing)
+            }
+            _ => Err(corrupt("unexpected claim reply")),
+        }
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = COMPLETE.key(self.record_key(scope, key));
+        invocation
+            .arg(&token.as_bytes()[..])
+            .arg(&response.encode()[..])
+            .arg(millis(retention));
+        let applied: u64 = self.invoke(&invocation).await?;
+        Ok(FenceOutcome::from_count(applied))
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = EXTEND.key(self.record_key(scope, key));
+        invocation.arg(&token.as_bytes()[..]).arg(millis(lease));
+        let applied: u64 = self.invoke(&invocation).await?;
+        Ok(FenceOutcome::from_count(applied))
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        let mut invocation = RELEASE.key(self.record_key(scope, key));
+        invocation.arg(&token.as_bytes()[..]);
+        let applied: u64 = self.invoke(&invocation).await?;
+        Ok(FenceOutcome::from_count(applied))
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let invocation = GET.key(self.record_key(scope, key));
+        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let mut items = reply.into_iter();
+        match items.next() {
+            None => Ok(None),
+            Some(Value::Int(tag @ (IN_FLIGHT | COMPLETED))) => {
+                record_from_reply(items, tag).map(Some)
+            }
+            _ => Err(corrupt("unexpected get reply")),
+        }
+    }
+
+    /// Redis expires records by itself (`PEXPIRE`): nothing to purge.
+    async fn purge_expired(&self, _limit: usize) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braces_colons_and_percents_cannot_escape_the_hash_tag() {
+        let mut a = String::new();
+        escape_into(&mut a, "{x}:%");
+        assert_eq!(a, "%7Bx%7D%3A%25");
+        // ("a:b", "c") and ("a", "b:c") must not share a name.
+        let (mut x, mut y) = (String::new(), String::new());
+        escape_into(&mut x, "a:b");
+        x.push(':');
+        escape_into(&mut x, "c");
+        escape_into(&mut y, "a");
+        y.push(':');
+        escape_into(&mut y, "b:c");
+        assert_ne!(x, y);
+    }
+}
