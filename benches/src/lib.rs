@@ -4,7 +4,7 @@
 pub mod load;
 
 use bytes::Bytes;
-use idempotency::postgres::tokio_postgres::{self, NoTls};
+use idempotency::postgres::tokio_postgres;
 use idempotency::redis::redis;
 use idempotency::{
     BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
@@ -27,6 +27,11 @@ pub enum Target {
     Redis,
     /// PostgreSQL in one of the table modes.
     Postgres(TableMode),
+    /// PostgreSQL UNLOGGED with statements sent unnamed (`prepared_statements=false`), directly:
+    /// what the pooler-compatible mode costs by itself.
+    PostgresUnnamed,
+    /// PostgreSQL UNLOGGED, unnamed statements, through a PgBouncer in transaction mode.
+    PgBouncer,
 }
 
 impl Target {
@@ -39,6 +44,13 @@ impl Target {
         Target::Postgres(TableMode::LoggedAsyncCommit),
     ];
 
+    /// The connection-pooler comparison: UNLOGGED prepared, unnamed, and through PgBouncer.
+    pub const POOLER: [Target; 3] = [
+        Target::Postgres(TableMode::Unlogged),
+        Target::PostgresUnnamed,
+        Target::PgBouncer,
+    ];
+
     /// The id used in benchmark names and the report.
     pub fn name(self) -> &'static str {
         match self {
@@ -47,6 +59,8 @@ impl Target {
             Target::Postgres(TableMode::Unlogged) => "postgres_unlogged",
             Target::Postgres(TableMode::Logged) => "postgres_logged",
             Target::Postgres(TableMode::LoggedAsyncCommit) => "postgres_logged_async_commit",
+            Target::PostgresUnnamed => "postgres_unlogged_unnamed",
+            Target::PgBouncer => "postgres_unlogged_via_pgbouncer",
         }
     }
 }
@@ -58,6 +72,8 @@ pub struct Servers {
     pub postgres: String,
     /// Redis URL.
     pub redis: String,
+    /// A PgBouncer in transaction mode in front of the same PostgreSQL, if one is to be measured.
+    pub pgbouncer: Option<String>,
 }
 
 impl Default for Servers {
@@ -65,6 +81,7 @@ impl Default for Servers {
         Servers {
             postgres: idempotency_testkit::env::postgres_url(),
             redis: idempotency_testkit::env::redis_url(),
+            pgbouncer: None,
         }
     }
 }
@@ -78,11 +95,6 @@ pub struct Connected {
     pub postgres: Option<PostgresStore>,
     /// The Redis key prefix, for the floor.
     pub redis_prefix: Option<String>,
-}
-
-/// The schema a benchmark uses for one table mode.
-pub fn bench_schema(mode: TableMode) -> String {
-    format!("idem_bench_{}", mode.name())
 }
 
 /// Connects to a target (migrating a fresh bench schema for Postgres), or says why it cannot.
@@ -108,25 +120,49 @@ pub async fn connect(
                 .key_prefix(&prefix)
                 .build()
                 .await
-                .map_err(|e| format!("Redis at {} unreachable: {e}", servers.redis))?;
+                .map_err(|e| {
+                    format!(
+                        "Redis at {} unreachable: {}",
+                        servers.redis,
+                        idempotency::ErrorChain(&e)
+                    )
+                })?;
             Ok(Connected {
                 store: Arc::new(store),
                 postgres: None,
                 redis_prefix: Some(prefix),
             })
         }
-        Target::Postgres(mode) => {
-            let schema = bench_schema(mode);
-            let store = PostgresStore::builder(&servers.postgres)
+        Target::Postgres(_) | Target::PostgresUnnamed | Target::PgBouncer => {
+            let (url, mode, prepared) = match target {
+                Target::Postgres(mode) => (servers.postgres.as_str(), mode, true),
+                Target::PgBouncer => (
+                    servers
+                        .pgbouncer
+                        .as_deref()
+                        .ok_or("no PgBouncer given (--pgbouncer URL)")?,
+                    TableMode::Unlogged,
+                    false,
+                ),
+                _ => (servers.postgres.as_str(), TableMode::Unlogged, false),
+            };
+            let schema = format!("idem_bench_{}", target.name());
+            let store = PostgresStore::builder(url)
                 .schema(&schema)
                 .table_mode(mode)
                 .pool_size(pool_size)
+                .prepared_statements(prepared)
                 .build()
                 .await
-                .map_err(|e| format!("PostgreSQL at {} unusable: {e}", servers.postgres))?;
+                .map_err(|e| {
+                    format!(
+                        "PostgreSQL at {url} unusable: {}",
+                        idempotency::ErrorChain(&e)
+                    )
+                })?;
             let client = store.pool().get().await.map_err(err)?;
             client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .simple_query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
                 .await
                 .map_err(err)?;
             drop(client);
@@ -237,12 +273,15 @@ impl Raw {
     /// Opens the floor for a connected Postgres or Redis target.
     pub async fn open(connected: &Connected, servers: &Servers) -> Result<Option<Raw>, String> {
         if let Some(pg) = &connected.postgres {
-            let mut config: tokio_postgres::Config = servers.postgres.parse().map_err(err)?;
+            let client = idempotency::postgres::connect_raw(&servers.postgres)
+                .await
+                .map_err(err)?;
             if pg.table_mode() == TableMode::LoggedAsyncCommit {
-                config.options("-c synchronous_commit=off");
+                client
+                    .batch_execute("SET synchronous_commit = off")
+                    .await
+                    .map_err(err)?;
             }
-            let (client, connection) = config.connect(NoTls).await.map_err(err)?;
-            tokio::spawn(connection);
             let claim = client.prepare(pg.statements().claim).await.map_err(err)?;
             let complete = client
                 .prepare(pg.statements().complete)

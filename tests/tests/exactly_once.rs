@@ -12,13 +12,11 @@ mod postgres {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::TokioExecutor;
     use idempotency::postgres::tokio_postgres::{self, NoTls};
+    use idempotency_e2e::DemoProcess;
     use idempotency_testkit::env::{postgres_url, server_unreachable};
     use std::net::SocketAddr;
-    use std::process::Stdio;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-    use tokio::io::{AsyncBufReadExt, BufReader};
-    use tokio::process::{Child, Command};
 
     type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -85,49 +83,24 @@ mod postgres {
 
     /// The demo service as a child process.
     struct Demo {
-        child: Child,
+        process: DemoProcess,
         addr: SocketAddr,
     }
 
     impl Demo {
         async fn start(store: &str, lease: &str, extra: &[&str]) -> Demo {
-            let mut child = Command::new(env!("CARGO_BIN_EXE_demo-server"))
-                .args([
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--store",
-                    store,
-                    "--lease",
-                    lease,
-                ])
-                .args(extra)
-                .env("RUST_LOG", "info")
-                .env("NO_COLOR", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
-            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            let addr = tokio::time::timeout(Duration::from_secs(30), async {
-                while let Some(line) = lines.next_line().await.unwrap() {
-                    if let Some((_, rest)) = line.split_once("listening on http://") {
-                        let addr = rest.split_whitespace().next().unwrap();
-                        return addr.parse::<SocketAddr>().unwrap();
-                    }
-                }
-                panic!("the demo exited before listening");
-            })
-            .await
-            .expect("the demo did not start listening within 30 s");
-            // Keep draining its output so it never blocks on a full pipe.
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            Demo { child, addr }
+            let mut args = vec!["--store", store, "--lease", lease];
+            args.extend_from_slice(extra);
+            let process = DemoProcess::start(env!("CARGO_BIN_EXE_demo-server"), &args, &[]).await;
+            Demo {
+                addr: process.addr(),
+                process,
+            }
         }
 
         /// SIGKILL: no shutdown, no completion, no release.
-        async fn kill(mut self) {
-            self.child.kill().await.unwrap();
+        async fn kill(self) {
+            self.process.kill().await;
         }
     }
 

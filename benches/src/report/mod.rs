@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Redis URL (default: IDEMPOTENCY_TEST_REDIS_URL or the loopback server).
     #[arg(long)]
     redis: Option<String>,
+    /// A PgBouncer in transaction mode in front of the same PostgreSQL, to measure what the
+    /// pooler costs (without it, only the unnamed-statement mode is measured).
+    #[arg(long)]
+    pgbouncer: Option<String>,
     /// Where to write the Markdown report; the chart goes beside it as `<name>-latency.svg`.
     #[arg(long, default_value = "docs/reevaluation.md")]
     out: PathBuf,
@@ -74,6 +78,8 @@ pub(crate) struct Results {
     pub(crate) environment: probe::Environment,
     pub(crate) cells: Vec<Cell>,
     pub(crate) compares: Vec<Compare>,
+    /// UNLOGGED prepared, unnamed, and through PgBouncer (ratios to prepared).
+    pub(crate) pooler: Vec<Compare>,
     pub(crate) floors: Vec<Floor>,
     pub(crate) volumes: Vec<PgVolume>,
     /// Stores that could not be reached, and why.
@@ -89,6 +95,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     let servers = Servers {
         postgres: args.postgres.clone().unwrap_or(defaults.postgres),
         redis: args.redis.clone().unwrap_or(defaults.redis),
+        pgbouncer: args.pgbouncer.clone(),
     };
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
     let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 4;
@@ -159,10 +166,29 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
             floors.push(f);
         }
     }
-    let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
     for (_, c) in &connected {
         c.cleanup().await;
     }
+
+    // Phase 3: what a transaction-mode pooler costs: prepared vs unnamed statements directly,
+    // and unnamed through PgBouncer, interleaved.
+    progress.set_message("connection pooler");
+    let mut pooler_targets = Vec::new();
+    for target in Target::POOLER {
+        if target == Target::PgBouncer && servers.pgbouncer.is_none() {
+            continue;
+        }
+        match connect(target, &servers, 8).await {
+            Ok(c) => pooler_targets.push((target, c)),
+            Err(why) => skipped.push(format!("{}: {why}", target.name())),
+        }
+    }
+    let mut pooler = interleaved(&pooler_targets, 1, args.floor_rounds, args.floor_ops).await?;
+    pooler.extend(interleaved(&pooler_targets, 8, args.floor_rounds, args.floor_ops * 4).await?);
+    for (_, c) in &pooler_targets {
+        c.cleanup().await;
+    }
+    let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
     progress.finish_with_message("done");
 
     if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -195,6 +221,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         environment,
         cells,
         compares,
+        pooler,
         floors,
         volumes,
         skipped,

@@ -14,6 +14,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         environment: env,
         cells,
         compares,
+        pooler,
         floors,
         volumes,
         skipped,
@@ -111,6 +112,31 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
             c.median_us,
             c.ratio_to_unlogged
         )?;
+    }
+    writeln!(
+        w,
+        "\n## Behind a connection pooler\n\nTransaction-mode poolers (PgBouncer, RDS Proxy) lend a server connection per \
+         transaction, so the store sends its statements unnamed (`prepared_statements=false`): parsed and planned on every \
+         call instead of once per connection. Claim + complete of fresh keys on UNLOGGED, interleaved as above; ratios to \
+         prepared statements sent directly.\n"
+    )?;
+    writeln!(
+        w,
+        "| path | clients | median µs | ratio to prepared, direct |"
+    )?;
+    writeln!(w, "| --- | ---: | ---: | ---: |")?;
+    for c in pooler {
+        writeln!(
+            w,
+            "| {} | {} | {:.0} | {:.2} |",
+            c.target.name(),
+            c.concurrency,
+            c.median_us,
+            c.ratio_to_unlogged
+        )?;
+    }
+    if !pooler.iter().any(|c| c.target == Target::PgBouncer) {
+        writeln!(w, "\nPgBouncer was not measured: pass `--pgbouncer URL`.")?;
     }
     writeln!(
         w,

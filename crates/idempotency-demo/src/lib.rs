@@ -92,6 +92,7 @@ pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
 pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router, DemoError> {
     let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
         let store = PostgresStore::builder(store_url)
+            .pool_size(32)
             .transactions(options.tasks_in_transaction)
             .build()
             .await
@@ -100,7 +101,8 @@ pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router
             .migrate()
             .await
             .map_err(idempotency::ConnectError::from)?;
-        (Arc::new(store), TaskStore::postgres(store_url).await?)
+        let tasks = TaskStore::postgres(store.pool().clone()).await?;
+        (Arc::new(store), tasks)
     } else {
         (idempotency::connect(store_url).await?, TaskStore::memory())
     };

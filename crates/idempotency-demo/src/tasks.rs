@@ -5,13 +5,10 @@
 //! its own.
 
 use idempotency::PgTransaction;
-use idempotency::postgres::deadpool_postgres::{
-    Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
-};
-use idempotency::postgres::tokio_postgres::{self, Client, NoTls, Row};
+use idempotency::postgres::deadpool_postgres::Pool;
+use idempotency::postgres::tokio_postgres::{self, Client, Row};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 
@@ -97,28 +94,9 @@ impl TaskStore {
         TaskStore::Memory(Arc::default())
     }
 
-    /// Tasks in PostgreSQL at `url`; creates the table if missing.
-    pub async fn postgres(url: &str) -> Result<Self, TaskStoreError> {
-        let config = tokio_postgres::Config::from_str(url).map_err(pg)?;
-        let config = {
-            let mut config = config;
-            config.connect_timeout(std::time::Duration::from_secs(2));
-            config
-        };
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(16)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(std::time::Duration::from_secs(2)))
-            .create_timeout(Some(std::time::Duration::from_secs(2)))
-            .build()
-            .map_err(pool)?;
+    /// Tasks in PostgreSQL on `pool` (the idempotency store's, so TLS and pooler settings are
+    /// the same); creates the table if missing.
+    pub async fn postgres(pool: Pool) -> Result<Self, TaskStoreError> {
         let client = pool.get().await.map_err(self::pool)?;
         client
             .batch_execute(
@@ -256,9 +234,12 @@ impl TaskStore {
     }
 }
 
-/// The statements, on any connection: a pooled one, or the request's transaction.
+/// The statements, on any connection: a pooled one, or the request's transaction. Each is sent
+/// unnamed with its parameter types (`query_typed`), so it works behind a connection pooler in
+/// transaction mode too.
 mod sql {
     use super::{COLUMNS, Client, Task, TaskStoreError, pg, task_from_row};
+    use idempotency::postgres::tokio_postgres::types::Type;
     use uuid::Uuid;
 
     pub(super) async fn create(
@@ -268,11 +249,11 @@ mod sql {
         title: &str,
     ) -> Result<Task, TaskStoreError> {
         let row = client
-            .query_one(
+            .query_typed_one(
                 &format!(
                     "INSERT INTO tasks (id, user_id, title) VALUES ($1, $2, $3) RETURNING {COLUMNS}"
                 ),
-                &[&id, &user, &title],
+                &[(&id, Type::UUID), (&user, Type::UUID), (&title, Type::TEXT)],
             )
             .await
             .map_err(pg)?;
@@ -281,9 +262,9 @@ mod sql {
 
     pub(super) async fn list(client: &Client, user: Uuid) -> Result<Vec<Task>, TaskStoreError> {
         let rows = client
-            .query(
+            .query_typed(
                 &format!("SELECT {COLUMNS} FROM tasks WHERE user_id = $1 ORDER BY created_at, id"),
-                &[&user],
+                &[(&user, Type::UUID)],
             )
             .await
             .map_err(pg)?;
@@ -296,9 +277,9 @@ mod sql {
         id: Uuid,
     ) -> Result<Option<Task>, TaskStoreError> {
         let row = client
-            .query_opt(
+            .query_typed_opt(
                 &format!("SELECT {COLUMNS} FROM tasks WHERE user_id = $1 AND id = $2"),
-                &[&user, &id],
+                &[(&user, Type::UUID), (&id, Type::UUID)],
             )
             .await
             .map_err(pg)?;
@@ -313,12 +294,17 @@ mod sql {
         done: Option<bool>,
     ) -> Result<Option<Task>, TaskStoreError> {
         let row = client
-            .query_opt(
+            .query_typed_opt(
                 &format!(
                     "UPDATE tasks SET title = coalesce($3, title), done = coalesce($4, done) \
                      WHERE user_id = $1 AND id = $2 RETURNING {COLUMNS}"
                 ),
-                &[&user, &id, &title, &done],
+                &[
+                    (&user, Type::UUID),
+                    (&id, Type::UUID),
+                    (&title, Type::TEXT),
+                    (&done, Type::BOOL),
+                ],
             )
             .await
             .map_err(pg)?;
@@ -331,9 +317,9 @@ mod sql {
         id: Uuid,
     ) -> Result<bool, TaskStoreError> {
         let n = client
-            .execute(
+            .execute_typed(
                 "DELETE FROM tasks WHERE user_id = $1 AND id = $2",
-                &[&user, &id],
+                &[(&user, Type::UUID), (&id, Type::UUID)],
             )
             .await
             .map_err(pg)?;

@@ -4,13 +4,13 @@ use crate::error::PostgresStoreError;
 use crate::schema::{Statements, TableMode, TableName};
 use crate::state::StateWatch;
 use crate::store::{Inner, PostgresStore};
+use crate::tls::{self, Connector};
 use crate::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::NoTls;
 
 /// Where the store's connections come from.
 enum Source {
@@ -28,6 +28,7 @@ pub struct PostgresStoreBuilder {
     connect_timeout: Duration,
     purge_schedule: String,
     transactions: bool,
+    prepared_statements: bool,
 }
 
 impl fmt::Debug for PostgresStoreBuilder {
@@ -52,7 +53,19 @@ impl PostgresStoreBuilder {
             connect_timeout: Duration::from_secs(5),
             purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
             transactions: true,
+            prepared_statements: true,
         }
+    }
+
+    /// Whether the store's statements are prepared once per connection (default true, the
+    /// fastest). Turn it off behind a connection pooler in transaction mode (PgBouncer,
+    /// RDS Proxy): statements are then sent unnamed with their parameter types, still one round
+    /// trip each, and nothing outlives a transaction on the server connection the pooler lent.
+    /// The URL parameter `prepared_statements=false` does the same. (Your own statements must
+    /// follow the same rule: `query_typed` / `execute_typed`, never `prepare_cached`.)
+    pub fn prepared_statements(mut self, prepared: bool) -> Self {
+        self.prepared_statements = prepared;
+        self
     }
 
     /// Whether handlers are offered a transaction in which their writes commit together with
@@ -104,6 +117,7 @@ impl PostgresStoreBuilder {
     /// tool. It does not connect.
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
         let name = TableName::new(&self.schema, &self.table)?;
+        validate_schedule(&self.purge_schedule)?;
         Ok(crate::migrate::render_all(
             &name,
             self.mode,
@@ -115,12 +129,17 @@ impl PostgresStoreBuilder {
     /// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
     pub async fn build(self) -> Result<PostgresStore, PostgresStoreError> {
         let name = TableName::new(&self.schema, &self.table)?;
+        validate_schedule(&self.purge_schedule)?;
         let watch = Arc::new(StateWatch::new(&name));
+        let mut url_prepared = true;
         let pool = match self.source {
             Source::Pool(pool) => pool,
             Source::Url(url) => {
+                let (url, tls) = tls::split(&url)?;
+                url_prepared = tls.prepared_statements;
                 let mut config = tokio_postgres::Config::from_str(&url)
                     .map_err(PostgresStoreError::InvalidUrl)?;
+                config.ssl_mode(tls.tokio_postgres_mode());
                 config.connect_timeout(self.connect_timeout);
                 if self.mode == TableMode::LoggedAsyncCommit {
                     let options = match config.get_options() {
@@ -129,13 +148,14 @@ impl PostgresStoreBuilder {
                     };
                     config.options(&options);
                 }
-                let manager = Manager::from_config(
-                    config,
-                    NoTls,
-                    ManagerConfig {
-                        recycling_method: RecyclingMethod::Fast,
-                    },
-                );
+                let manager_config = ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                };
+                let manager = match Connector::for_settings(&tls)? {
+                    Connector::Plain(tls) => Manager::from_config(config, tls, manager_config),
+                    #[cfg(feature = "tls")]
+                    Connector::Rustls(tls) => Manager::from_config(config, tls, manager_config),
+                };
                 // LIFO hands out the connection used last: at low concurrency every step
                 // reuses one warm connection (and one warm backend process) instead of
                 // rotating through the whole pool.
@@ -164,7 +184,7 @@ impl PostgresStoreBuilder {
         };
         let client = pool.get().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
                         current_setting('synchronous_commit')",
                 &[],
@@ -191,6 +211,7 @@ impl PostgresStoreBuilder {
                 pool,
                 purge_schedule: self.purge_schedule,
                 transactions: self.transactions,
+                prepared: self.prepared_statements && url_prepared,
             }),
         })
     }
@@ -214,4 +235,17 @@ impl PostgresStore {
     pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, PostgresStoreError> {
         Self::builder(url).build().await
     }
+}
+
+/// A pg_cron schedule goes into a dollar-quoted block of the migration: refuse what could end it.
+fn validate_schedule(schedule: &str) -> Result<(), PostgresStoreError> {
+    if schedule.is_empty()
+        || schedule.contains(['$', ';'])
+        || schedule.chars().any(char::is_control)
+    {
+        return Err(PostgresStoreError::InvalidPurgeSchedule(
+            schedule.to_owned(),
+        ));
+    }
+    Ok(())
 }

@@ -12,6 +12,10 @@ pub enum PostgresStoreError {
     /// The database URL could not be parsed.
     #[error("invalid PostgreSQL URL: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),
+    /// The TLS settings of the URL are invalid or cannot be honoured (a bad `sslmode`, an
+    /// unreadable `sslrootcert`, TLS asked of a build without the `tls` feature).
+    #[error("TLS settings: {0}")]
+    InvalidTls(String),
     /// A schema or table name is not a plain identifier.
     #[error(
         "invalid {what} name {name:?}: use 1 to 48 ASCII letters, digits or underscores, not starting with a digit"
@@ -22,6 +26,9 @@ pub enum PostgresStoreError {
         /// The name given.
         name: String,
     },
+    /// The pg_cron schedule is empty or holds `$`, `;` or control characters.
+    #[error("invalid pg_cron schedule {0:?}: use cron syntax such as \"0 * * * *\"")]
+    InvalidPurgeSchedule(String),
     /// The connection pool could not be built.
     #[error("could not build the connection pool")]
     BuildPool(#[source] deadpool_postgres::BuildError),

@@ -40,6 +40,7 @@ mod migrate;
 mod schema;
 mod state;
 mod store;
+mod tls;
 mod transaction;
 
 pub use builder::PostgresStoreBuilder;
@@ -47,6 +48,7 @@ pub use error::PostgresStoreError;
 pub use migrate::{MigrationReport, PurgeJob};
 pub use schema::TableMode;
 pub use store::{PostgresStore, StatementsSql};
+pub use tls::{SslMode, connect_raw};
 pub use transaction::PgTransaction;
 pub use {deadpool_postgres, tokio_postgres};
 

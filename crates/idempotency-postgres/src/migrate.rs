@@ -6,7 +6,11 @@ use crate::schema::{self, TableMode, TableName};
 use crate::store::PostgresStore;
 use std::fmt;
 
-/// One numbered migration: a file of `migrations/` whose placeholders the library fills in.
+/// One numbered migration. Its SQL is a template with placeholders the library fills in for
+/// the configured schema, table and mode; filled in for the defaults (`public.idempotency_keys`,
+/// UNLOGGED) it is, byte for byte, the file of the same name in `migrations/`, which teams that
+/// run their own migration tool apply as it is (a test keeps the two identical). Each records
+/// itself in `<table>_migrations`, so the library and a hand-run migration see the same history.
 pub(crate) struct Migration {
     pub(crate) version: i32,
     pub(crate) name: &'static str,
@@ -20,50 +24,90 @@ pub(crate) const MIGRATIONS: [Migration; 2] = [
     Migration {
         version: 1,
         name: "0001_create_idempotency_keys",
-        template: include_str!("../../../migrations/0001_create_idempotency_keys.sql"),
+        template: CREATE_TABLE,
         only_with_extension: None,
     },
     Migration {
         version: 2,
         name: "0002_schedule_purge_with_pg_cron",
-        template: include_str!("../../../migrations/0002_schedule_purge_with_pg_cron.sql"),
+        template: SCHEDULE_PURGE,
         only_with_extension: Some("pg_cron"),
     },
 ];
 
+const CREATE_TABLE: &str = "\
+-- ADR 009's idempotency_keys table, with the project's amendments (docs/postgres.md explains each
+-- deviation from the ADR's schema): {table}, {mode}.
+-- Apply in order with `psql -v ON_ERROR_STOP=1 -1 -f <file>`; every statement is idempotent.
+-- For other names or an ordinary LOGGED table, `idempotency print-sql` (or
+-- PostgresStoreBuilder::migration_sql) renders these files for them.
+CREATE {persistence}TABLE IF NOT EXISTS {table} (
+    user_id      text        NOT NULL,  -- the scope: the authenticated principal
+    key          text        NOT NULL,  -- the client's Idempotency-Key
+    request_hash bytea       NOT NULL,  -- fingerprint: algorithm id (1 byte) + SHA-256 (32 bytes)
+    lease_token  uuid,                  -- fencing token while in flight; NULL once completed
+    locked_until timestamptz,           -- end of the lease while in flight; NULL once completed
+    status_code  integer,               -- stored status (also inside response), for operators
+    response     bytea,                 -- stored response: status, headers, body bytes
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL,  -- lease end while in flight, retention end once completed
+    PRIMARY KEY (user_id, key),
+    CHECK ((lease_token IS NULL) = (response IS NOT NULL))
+);
+
+CREATE INDEX IF NOT EXISTS {expires_idx} ON {table} (expires_at);
+
+-- The state sentinel: a row that never expires, under a scope no caller can have (it starts
+-- with a control character). Its absence tells the store that the table was emptied (crash
+-- recovery of an UNLOGGED table, a failover, a TRUNCATE).
+INSERT INTO {table} (user_id, key, request_hash, status_code, response, expires_at)
+VALUES (E'\\x01idempotency-state', 'sentinel', '\\x00'::bytea, 0, '\\x'::bytea, 'infinity')
+ON CONFLICT (user_id, key) DO NOTHING;
+
+CREATE TABLE IF NOT EXISTS {migrations} (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {migrations} (version, name) VALUES (1, '0001_create_idempotency_keys')
+ON CONFLICT (version) DO NOTHING;
+";
+
+const SCHEDULE_PURGE: &str = "\
+-- The ADR's hourly purge of {table}, as a pg_cron job, where the pg_cron extension is
+-- installed in this database; elsewhere this does nothing (and is not recorded), and
+-- PostgresStore::purge_expired, run periodically, does the same work.
+-- Purging only reclaims space: expired rows are already ignored on every read.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
+        PERFORM cron.schedule({job_name}, {schedule}, {purge_command});
+        INSERT INTO {migrations} (version, name) VALUES (2, '0002_schedule_purge_with_pg_cron')
+        ON CONFLICT (version) DO NOTHING;
+    END IF;
+END
+$$;
+";
+
 impl Migration {
-    /// The SQL for `name` in `mode`, the purge job on `purge_schedule`: the file without its
-    /// whole-line comments (they describe the placeholders), headed by the file's name.
+    /// The SQL for `name` in `mode`, the purge job on `purge_schedule`.
     pub(crate) fn render(&self, name: &TableName, mode: TableMode, purge_schedule: &str) -> String {
-        let mut out = format!("-- migrations/{}.sql\n", self.name);
-        for line in self.template.lines() {
-            if !line.trim_start().starts_with("--") {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-        schema::fill_placeholders(&out, name, mode, purge_schedule)
+        schema::fill_placeholders(self.template, name, mode, purge_schedule)
+    }
+
+    /// The file of this migration in the crate's `migrations/` folder.
+    pub(crate) fn file_name(&self) -> String {
+        format!("{}.sql", self.name)
     }
 }
 
-/// Every migration and the sentinel, as one script (for `migration_sql`).
+/// Every migration as one script (for `migration_sql`).
 pub(crate) fn render_all(name: &TableName, mode: TableMode, purge_schedule: &str) -> String {
     let mut out = String::new();
     for migration in &MIGRATIONS {
-        if let Some(extension) = migration.only_with_extension {
-            out.push_str(&format!(
-                "\n-- Only where the {extension} extension is installed:\n"
-            ));
-        }
+        out.push_str(&format!("-- migrations/{}\n", migration.file_name()));
         out.push_str(&migration.render(name, mode, purge_schedule));
-        if migration.version == 1 {
-            out.push_str(
-                "\n-- The state sentinel: a row that never expires, whose absence tells the store \
-                 that the table was emptied.\n",
-            );
-            out.push_str(&schema::sentinel_sql(name));
-            out.push_str(";\n");
-        }
+        out.push('\n');
     }
     out
 }
@@ -153,18 +197,19 @@ impl PostgresStore {
             .await?;
         }
         let migrations = name.migrations_table();
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {migrations} ( \
-               version integer PRIMARY KEY, name text NOT NULL, \
-               applied_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .await?;
-        let applied_versions: Vec<i32> = tx
-            .query(&format!("SELECT version FROM {migrations}"), &[])
+        let history: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&migrations])
             .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .get(0);
+        let applied_versions: Vec<i32> = if history {
+            tx.query(&format!("SELECT version FROM {migrations}"), &[])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let extensions: Vec<String> = tx
             .query("SELECT extname::text FROM pg_extension", &[])
             .await?
@@ -173,19 +218,16 @@ impl PostgresStore {
             .collect();
         let installed = |extension: &str| extensions.iter().any(|e| e == extension);
         let mut applied = Vec::new();
-        let record = format!("INSERT INTO {migrations} (version, name) VALUES ($1, $2)");
         for migration in &MIGRATIONS {
             let wanted = migration.only_with_extension.is_none_or(installed);
             if wanted && !applied_versions.contains(&migration.version) {
+                // Each migration records itself (and 0001 plants the sentinel, so a fresh table
+                // is not reported as lost).
                 let sql = migration.render(name, self.inner.mode, &self.inner.purge_schedule);
                 tx.batch_execute(&sql).await?;
-                tx.execute(&record, &[&migration.version, &migration.name])
-                    .await?;
                 applied.push(migration.name);
             }
         }
-        // A fresh table gets its sentinel here, so creating it is not reported as a loss.
-        tx.query(&schema::sentinel_sql(name), &[]).await?;
         let found: i8 = tx
             .query_one(
                 "SELECT c.relpersistence::\"char\" FROM pg_class c \
@@ -222,5 +264,88 @@ impl PostgresStore {
         };
         tx.commit().await?;
         Ok(MigrationReport { applied, purge_job })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
+
+    fn defaults() -> TableName {
+        TableName::new("public", DEFAULT_TABLE).unwrap()
+    }
+
+    /// The files in `migrations/` are the library's rendering of the defaults, byte for byte:
+    /// what `psql -f` applies is what `migrate()` applies. After changing a template, run this
+    /// test with `IDEMPOTENCY_BLESS=1` to rewrite the files (the crate's and the top-level copy).
+    #[test]
+    fn the_plain_files_are_the_rendered_defaults() {
+        let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = crate_dir.join("migrations");
+        if std::env::var_os("IDEMPOTENCY_BLESS").is_some() {
+            for migration in &MIGRATIONS {
+                let sql =
+                    migration.render(&defaults(), TableMode::Unlogged, DEFAULT_PURGE_SCHEDULE);
+                for folder in [dir.clone(), crate_dir.join("../../migrations")] {
+                    std::fs::create_dir_all(&folder).unwrap();
+                    std::fs::write(folder.join(migration.file_name()), &sql).unwrap();
+                }
+            }
+        }
+        for migration in &MIGRATIONS {
+            let path = dir.join(migration.file_name());
+            let file = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let rendered =
+                migration.render(&defaults(), TableMode::Unlogged, DEFAULT_PURGE_SCHEDULE);
+            assert_eq!(
+                file,
+                rendered,
+                "{} differs from the library's rendering",
+                path.display()
+            );
+        }
+    }
+
+    /// The workspace's top-level `migrations/` holds the same files as the crate's.
+    #[test]
+    fn the_top_level_migrations_are_the_crate_s() {
+        let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for migration in &MIGRATIONS {
+            let ours =
+                std::fs::read_to_string(crate_dir.join("migrations").join(migration.file_name()))
+                    .unwrap();
+            let top = crate_dir
+                .join("../../migrations")
+                .join(migration.file_name());
+            let theirs =
+                std::fs::read_to_string(&top).unwrap_or_else(|e| panic!("{}: {e}", top.display()));
+            assert_eq!(
+                ours,
+                theirs,
+                "{} differs from the crate's copy",
+                top.display()
+            );
+        }
+    }
+
+    #[test]
+    fn custom_names_and_modes_fill_every_placeholder() {
+        let name = TableName::new("app", "keys").unwrap();
+        for mode in [TableMode::Unlogged, TableMode::Logged] {
+            let sql = render_all(&name, mode, "*/5 * * * *");
+            assert!(
+                !sql.contains('{') || sql.contains("{\""),
+                "unfilled placeholder in {sql}"
+            );
+            assert!(sql.contains("\"app\".\"keys\""));
+            assert!(sql.contains("\"app\".\"keys_migrations\""));
+            assert_eq!(
+                sql.contains("CREATE UNLOGGED TABLE"),
+                mode == TableMode::Unlogged
+            );
+            assert!(sql.contains("'*/5 * * * *'"));
+        }
     }
 }

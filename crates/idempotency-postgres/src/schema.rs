@@ -1,6 +1,9 @@
 //! Table names, table modes, and the SQL text of every statement.
 
 use crate::error::PostgresStoreError;
+use deadpool_postgres::ClientWrapper as Client;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
 
 /// How the table is persisted. The ADR chose UNLOGGED; the others exist so the benches compare
 /// like with like, and for deployments that cannot accept the crash loss.
@@ -113,18 +116,23 @@ impl TableName {
     }
 }
 
-/// Fills the placeholders of a migration file: `{schema}`, `{table}`, `{persistence}`,
-/// `{expires_idx}` (quoted names and the mode's keyword) and `{job_name}`, `{schedule}`,
-/// `{purge_command}` (SQL string literals of the pg_cron job).
+/// Fills the placeholders of a migration: `{table}`, `{migrations}`, `{expires_idx}` (quoted,
+/// schema-qualified names), `{persistence}` (`UNLOGGED ` or nothing), `{mode}` (for comments),
+/// and `{job_name}`, `{schedule}`, `{purge_command}` (SQL string literals of the pg_cron job).
 pub(crate) fn fill_placeholders(
     sql: &str,
     name: &TableName,
     mode: TableMode,
     purge_schedule: &str,
 ) -> String {
-    sql.replace("{persistence}", mode.persistence_keyword())
-        .replace("{schema}", &quote(&name.schema))
-        .replace("{table}", &quote(&name.table))
+    let persistence = match mode.persistence_keyword() {
+        "" => String::new(),
+        keyword => format!("{keyword} "),
+    };
+    sql.replace("{persistence}", &persistence)
+        .replace("{mode}", mode.persistence_name())
+        .replace("{migrations}", &name.migrations_table())
+        .replace("{table}", &name.qualified())
         .replace(
             "{expires_idx}",
             &quote(&format!("{}_expires_at_idx", name.table)),
@@ -146,22 +154,126 @@ pub(crate) fn sentinel_sql(name: &TableName) -> String {
     )
 }
 
+/// One statement of the store: its text, and the types of its parameters (which let it be sent
+/// unnamed, for connection poolers in transaction mode).
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) text: String,
+    types: &'static [Type],
+}
+
+impl Sql {
+    fn new(text: String, types: &'static [Type]) -> Self {
+        Sql { text, types }
+    }
+
+    /// Makes the statement ready to send on `client`: prepared there once and cached
+    /// (`prepared`), or to be sent unnamed with its parameter types, which survives a pooler that
+    /// moves the session to another server connection between transactions.
+    pub(crate) async fn ready(
+        &self,
+        client: &Client,
+        prepared: bool,
+    ) -> Result<Ready<'_>, tokio_postgres::Error> {
+        Ok(if prepared {
+            Ready::Prepared(client.prepare_cached(&self.text).await?)
+        } else {
+            Ready::Unnamed(self)
+        })
+    }
+
+    /// Runs the statement in one round trip (after a one-time prepare per connection).
+    pub(crate) async fn query(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+        prepared: bool,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        self.ready(client, prepared)
+            .await?
+            .query(client, params)
+            .await
+    }
+
+    /// Like [`Sql::query`], returning the number of rows changed.
+    pub(crate) async fn execute(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+        prepared: bool,
+    ) -> Result<u64, tokio_postgres::Error> {
+        match self.ready(client, prepared).await? {
+            Ready::Prepared(statement) => client.execute(&statement, params).await,
+            Ready::Unnamed(sql) => client.execute_typed(&sql.text, &sql.typed(params)).await,
+        }
+    }
+
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        params
+            .iter()
+            .copied()
+            .zip(self.types.iter().cloned())
+            .collect()
+    }
+}
+
+/// A statement ready to send: its whole request goes out when the future of
+/// [`Ready::query`] is first polled, so futures polled in order (`tokio::join!`) are pipelined
+/// in that order, one round trip for all of them.
+pub(crate) enum Ready<'a> {
+    Prepared(tokio_postgres::Statement),
+    Unnamed(&'a Sql),
+}
+
+impl Ready<'_> {
+    /// Sends the statement with `params` and reads its rows.
+    pub(crate) async fn query(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self {
+            Ready::Prepared(statement) => client.query(statement, params).await,
+            Ready::Unnamed(sql) => client.query_typed(&sql.text, &sql.typed(params)).await,
+        }
+    }
+}
+
 /// The SQL of every store operation, rendered once per store.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    pub(crate) claim: String,
-    pub(crate) complete: String,
-    pub(crate) extend: String,
-    pub(crate) release: String,
-    pub(crate) get: String,
-    pub(crate) purge: String,
+    pub(crate) claim: Sql,
+    pub(crate) complete: Sql,
+    pub(crate) extend: Sql,
+    pub(crate) release: Sql,
+    pub(crate) get: Sql,
+    pub(crate) purge: Sql,
     /// Opens a request's transaction: checks the claim inside it and marks the transaction.
-    pub(crate) tx_check: String,
+    pub(crate) tx_check: Sql,
     /// Completes the record inside the request's transaction, or fails (aborting it).
-    pub(crate) tx_complete: String,
+    pub(crate) tx_complete: Sql,
     /// After a refused completion: does the token still hold a live claim?
-    pub(crate) tx_diagnose: String,
+    pub(crate) tx_diagnose: Sql,
 }
+
+const KEY: &[Type] = &[Type::TEXT, Type::TEXT];
+const FENCED: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID];
+const CLAIM: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::UUID,
+    Type::FLOAT8,
+];
+const COMPLETE: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::UUID,
+    Type::INT4,
+    Type::BYTEA,
+    Type::FLOAT8,
+];
+const EXTEND: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID, Type::FLOAT8];
 
 /// The name of the transaction-local setting that marks a request's transaction with its lease
 /// token, so the completion can tell that it runs in the transaction the store opened.
@@ -183,75 +295,102 @@ impl Statements {
             // row lock, no WAL, no commit flush on a LOGGED table). Otherwise the insert claims
             // the key, or takes over a row whose lease or retention ran out. `$5` is the lease in
             // seconds.
-            claim: format!(
-                "WITH live AS ( \
-                   SELECT {RECORD_COLUMNS} FROM {t} \
-                   WHERE user_id = $1 AND key = $2 AND expires_at > now()), \
-                 claimed AS ( \
-                   INSERT INTO {t} AS r \
-                     (user_id, key, request_hash, lease_token, locked_until, created_at, expires_at) \
-                   SELECT $1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
-                          now() + make_interval(secs => $5) \
-                   WHERE NOT EXISTS (SELECT 1 FROM live) \
-                   ON CONFLICT (user_id, key) DO UPDATE SET \
-                     request_hash = EXCLUDED.request_hash, lease_token = EXCLUDED.lease_token, \
-                     locked_until = EXCLUDED.locked_until, status_code = NULL, response = NULL, \
-                     created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at \
-                   WHERE r.expires_at <= now() \
-                   RETURNING 1) \
-                 SELECT true, NULL::bytea, NULL::bigint, NULL::bytea FROM claimed \
-                 UNION ALL \
-                 SELECT false, * FROM live"
+            claim: Sql::new(
+                format!(
+                    "WITH live AS ( \
+                       SELECT {RECORD_COLUMNS} FROM {t} \
+                       WHERE user_id = $1 AND key = $2 AND expires_at > now()), \
+                     claimed AS ( \
+                       INSERT INTO {t} AS r \
+                         (user_id, key, request_hash, lease_token, locked_until, created_at, expires_at) \
+                       SELECT $1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
+                              now() + make_interval(secs => $5) \
+                       WHERE NOT EXISTS (SELECT 1 FROM live) \
+                       ON CONFLICT (user_id, key) DO UPDATE SET \
+                         request_hash = EXCLUDED.request_hash, lease_token = EXCLUDED.lease_token, \
+                         locked_until = EXCLUDED.locked_until, status_code = NULL, response = NULL, \
+                         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at \
+                       WHERE r.expires_at <= now() \
+                       RETURNING 1) \
+                     SELECT true, NULL::bytea, NULL::bigint, NULL::bytea FROM claimed \
+                     UNION ALL \
+                     SELECT false, * FROM live"
+                ),
+                CLAIM,
             ),
-            complete: format!(
-                "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
-                   response = $5, expires_at = now() + make_interval(secs => $6) \
-                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            complete: Sql::new(
+                format!(
+                    "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
+                       response = $5, expires_at = now() + make_interval(secs => $6) \
+                     WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+                ),
+                COMPLETE,
             ),
-            extend: format!(
-                "UPDATE {t} SET locked_until = now() + make_interval(secs => $4), \
-                   expires_at = now() + make_interval(secs => $4) \
-                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            extend: Sql::new(
+                format!(
+                    "UPDATE {t} SET locked_until = now() + make_interval(secs => $4), \
+                       expires_at = now() + make_interval(secs => $4) \
+                     WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+                ),
+                EXTEND,
             ),
-            release: format!(
-                "DELETE FROM {t} \
-                 WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+            release: Sql::new(
+                format!(
+                    "DELETE FROM {t} \
+                     WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+                ),
+                FENCED,
             ),
-            get: format!(
-                "SELECT {RECORD_COLUMNS} FROM {t} \
-                 WHERE user_id = $1 AND key = $2 AND expires_at > now()"
+            get: Sql::new(
+                format!(
+                    "SELECT {RECORD_COLUMNS} FROM {t} \
+                     WHERE user_id = $1 AND key = $2 AND expires_at > now()"
+                ),
+                KEY,
             ),
-            purge: format!(
-                "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
-                   SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1))"
+            purge: Sql::new(
+                format!(
+                    "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+                       SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1))"
+                ),
+                &[Type::INT8],
             ),
             // Sent right behind `BEGIN`. A row only while `$3` holds a live claim; it marks the
             // transaction with the token (transaction-local, so it ends with the transaction).
             // Inside a transaction `now()` is the transaction's start, so leases are compared
             // with `statement_timestamp()`.
-            tx_check: format!(
-                "SELECT set_config('{TX_MARK}', $3::uuid::text, true) FROM {t} \
-                 WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
-                   AND locked_until > statement_timestamp()"
+            tx_check: Sql::new(
+                format!(
+                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true) FROM {t} \
+                     WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
+                       AND locked_until > statement_timestamp()"
+                ),
+                FENCED,
             ),
             // Sent with `COMMIT` right behind it (one round trip). The update locks the row and
             // re-checks token, lease and mark on its latest version; when it matches nothing
             // (the lease was taken over, or the handler ended the store's transaction), the
             // division by zero aborts the transaction, so the `COMMIT` rolls it back and none of
             // the handler's writes survive.
-            tx_complete: format!(
-                "WITH done AS ( \
-                   UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
-                     response = $5, expires_at = statement_timestamp() + make_interval(secs => $6) \
-                   WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
-                     AND locked_until > statement_timestamp() \
-                     AND current_setting('{TX_MARK}', true) = $3::uuid::text \
-                   RETURNING 1) \
-                 SELECT 1 / count(*)::int FROM done"
+            tx_complete: Sql::new(
+                format!(
+                    "WITH done AS ( \
+                       UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
+                         response = $5, expires_at = statement_timestamp() + make_interval(secs => $6) \
+                       WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
+                         AND locked_until > statement_timestamp() \
+                         AND current_setting('{TX_MARK}', true) = $3::uuid::text \
+                       RETURNING 1) \
+                     SELECT 1 / count(*)::int FROM done"
+                ),
+                COMPLETE,
             ),
-            tx_diagnose: format!(
-                "SELECT lease_token = $3 AND locked_until > now() FROM {t} \
-                 WHERE user_id = $1 AND key = $2"
+            tx_diagnose: Sql::new(
+                format!(
+                    "SELECT lease_token = $3 AND locked_until > now() FROM {t} \
+                     WHERE user_id = $1 AND key = $2"
+                ),
+                FENCED,
             ),
         }
     }
@@ -285,7 +424,7 @@ mod tests {
         assert!(unlogged.contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"app\".\"keys\""));
         assert!(unlogged.contains("\"keys_expires_at_idx\""));
         let logged = render(1, &name, TableMode::Logged, "");
-        assert!(logged.contains("CREATE  TABLE IF NOT EXISTS \"app\".\"keys\""));
+        assert!(logged.contains("CREATE TABLE IF NOT EXISTS \"app\".\"keys\""));
         assert!(!logged.contains('{'), "unfilled placeholder in {logged}");
     }
 
@@ -293,7 +432,7 @@ mod tests {
     fn purge_job_escapes_its_literals() {
         let name = TableName::new("app", "keys").unwrap();
         let sql = render(2, &name, TableMode::Unlogged, "0 * * * *");
-        assert!(sql.contains("SELECT cron.schedule('idempotency-purge:app.keys', '0 * * * *', 'DELETE FROM \"app\".\"keys\" WHERE expires_at <= now()');"));
+        assert!(sql.contains("PERFORM cron.schedule('idempotency-purge:app.keys', '0 * * * *', 'DELETE FROM \"app\".\"keys\" WHERE expires_at <= now()');"));
         let hostile = render(2, &name, TableMode::Unlogged, "'); DROP TABLE x; --");
         assert!(hostile.contains("''); DROP TABLE x; --'"));
     }

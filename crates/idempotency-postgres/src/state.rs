@@ -26,7 +26,7 @@ impl StateWatch {
         &self,
         client: &tokio_postgres::Client,
     ) -> Result<bool, tokio_postgres::Error> {
-        let lost = !client.query(&self.sentinel, &[]).await?.is_empty();
+        let lost = !client.query_typed(&self.sentinel, &[]).await?.is_empty();
         if lost {
             self.losses.found(
                 BACKEND,

@@ -1,7 +1,7 @@
 //! The store: its shared state, its accessors, and the six primitives.
 
 use crate::error::{BACKEND, pool_error, query_error};
-use crate::schema::{Statements, TableMode, TableName};
+use crate::schema::{Sql, Statements, TableMode, TableName};
 use crate::state::StateWatch;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -24,6 +24,8 @@ pub(crate) struct Inner {
     pub(crate) statements: Statements,
     pub(crate) purge_schedule: String,
     pub(crate) transactions: bool,
+    /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
+    pub(crate) prepared: bool,
 }
 
 /// The PostgreSQL store. Cheap to clone; clones share the pool.
@@ -77,12 +79,12 @@ impl PostgresStore {
     pub fn statements(&self) -> StatementsSql<'_> {
         let s = &self.inner.statements;
         StatementsSql {
-            claim: &s.claim,
-            complete: &s.complete,
-            extend: &s.extend,
-            release: &s.release,
-            get: &s.get,
-            purge: &s.purge,
+            claim: &s.claim.text,
+            complete: &s.complete.text,
+            extend: &s.extend.text,
+            release: &s.release.text,
+            get: &s.get.text,
+            purge: &s.purge.text,
         }
     }
 
@@ -118,25 +120,15 @@ impl PostgresStore {
     /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
     async fn fenced(
         &self,
-        sql: &str,
+        sql: &Sql,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<FenceOutcome, StoreError> {
-        let (client, statement) = self.prepared(sql).await?;
-        let rows = client
-            .execute(&statement, params)
+        let client = self.client().await?;
+        let rows = sql
+            .execute(&client, params, self.inner.prepared)
             .await
             .map_err(query_error)?;
         Ok(FenceOutcome::from_count(rows))
-    }
-
-    /// A pooled connection and `sql` prepared on it (once per connection, then cached).
-    async fn prepared(
-        &self,
-        sql: &str,
-    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
-        let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(query_error)?;
-        Ok((client, statement))
     }
 }
 
@@ -175,16 +167,19 @@ impl IdempotencyStore for PostgresStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (client, statement) = self.prepared(&self.inner.statements.claim).await?;
+        let client = self.client().await?;
         let hash = fingerprint.to_bytes();
         let lease_secs = lease.as_secs_f64();
         // A row inserted by a transaction that committed after this statement's snapshot was
         // taken conflicts with our insert but is invisible to the read half, so the statement
         // returns nothing; the next attempt sees it. Bounded, and rare outside of races.
         for _ in 0..8 {
-            let rows = client
+            let rows = self
+                .inner
+                .statements
+                .claim
                 .query(
-                    &statement,
+                    &client,
                     &[
                         &scope.as_str(),
                         &key.as_str(),
@@ -192,6 +187,7 @@ impl IdempotencyStore for PostgresStore {
                         &token.as_uuid(),
                         &lease_secs,
                     ],
+                    self.inner.prepared,
                 )
                 .await
                 .map_err(query_error)?;
@@ -270,19 +266,28 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let (client, statement) = self.prepared(&self.inner.statements.get).await?;
-        let row = client
-            .query_opt(&statement, &[&scope.as_str(), &key.as_str()])
+        let client = self.client().await?;
+        let rows = self
+            .inner
+            .statements
+            .get
+            .query(
+                &client,
+                &[&scope.as_str(), &key.as_str()],
+                self.inner.prepared,
+            )
             .await
             .map_err(query_error)?;
-        row.map(|row| record_from_row(&row, 0)).transpose()
+        rows.first().map(|row| record_from_row(row, 0)).transpose()
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let (client, statement) = self.prepared(&self.inner.statements.purge).await?;
+        let client = self.client().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        client
-            .execute(&statement, &[&limit])
+        self.inner
+            .statements
+            .purge
+            .execute(&client, &[&limit], self.inner.prepared)
             .await
             .map_err(query_error)
     }

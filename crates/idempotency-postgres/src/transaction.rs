@@ -100,23 +100,22 @@ impl PgTransaction {
     /// After a refused completion: whether the token still holds a live claim (then the
     /// handler ended the store's transaction) or not (the lease was lost).
     async fn refusal_cause(&self) -> Result<CommitOutcome, StoreError> {
-        let client = self.client();
-        let diagnose = client
-            .prepare_cached(&self.store.statements.tx_diagnose)
-            .await
-            .map_err(query_error)?;
-        let row = client
-            .query_opt(
-                &diagnose,
+        let rows = self
+            .store
+            .statements
+            .tx_diagnose
+            .query(
+                self.client(),
                 &[
                     &self.scope.as_str(),
                     &self.key.as_str(),
                     &self.token.as_uuid(),
                 ],
+                self.store.prepared,
             )
             .await
             .map_err(query_error)?;
-        let still_ours = row.and_then(|row| row.get::<_, Option<bool>>(0)) == Some(true);
+        let still_ours = rows.first().and_then(|row| row.get::<_, Option<bool>>(0)) == Some(true);
         Ok(if still_ours {
             CommitOutcome::EndedByHandler
         } else {
@@ -153,8 +152,12 @@ impl StoreTransaction for PgTransaction {
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
         let client = self.client();
-        let complete = client
-            .prepare_cached(&self.store.statements.tx_complete)
+        // Ready (prepared) before the pipeline: the completion must go out before the COMMIT.
+        let complete = self
+            .store
+            .statements
+            .tx_complete
+            .ready(client, self.store.prepared)
             .await
             .map_err(query_error)?;
         let encoded = response.encode();
@@ -167,14 +170,25 @@ impl StoreTransaction for PgTransaction {
         // One round trip: the completion and the COMMIT are pipelined. A refused completion
         // aborts the transaction, so the COMMIT behind it rolls back.
         let (completed, committed) = tokio::join!(
-            client.query_one(&complete, &params),
+            complete.query(client, &params),
             client.batch_execute("COMMIT")
         );
         match completed {
-            Ok(_) => {
+            Ok(rows) if rows.len() == 1 => {
                 let committed = committed.map_err(query_error);
                 self.finish();
                 committed.map(|()| CommitOutcome::Committed)
+            }
+            Ok(rows) => {
+                self.finish();
+                Err(StoreError::corrupt(
+                    BACKEND,
+                    idempotency_core::CorruptRecord::Field(if rows.is_empty() {
+                        "the completion returned no row"
+                    } else {
+                        "the completion returned several rows"
+                    }),
+                ))
             }
             Err(error) if error.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
                 let cause = self.refusal_cause().await;
@@ -206,8 +220,12 @@ impl TransactionalStore for PostgresStore {
         token: LeaseToken,
     ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError> {
         let client = self.inner.pool.get().await.map_err(pool_error)?;
-        let check = client
-            .prepare_cached(&self.inner.statements.tx_check)
+        // Ready (prepared) before the pipeline, which must send BEGIN first.
+        let check = self
+            .inner
+            .statements
+            .tx_check
+            .ready(&client, self.inner.prepared)
             .await
             .map_err(query_error)?;
         // From here on, dropping `tx` (an error below, or this future cancelled by a timeout)
@@ -224,12 +242,10 @@ impl TransactionalStore for PostgresStore {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
             [&scope_str, &key_str, &token_uuid];
         // One round trip: BEGIN and the check are pipelined.
-        let (begun, checked) = tokio::join!(
-            client.batch_execute("BEGIN"),
-            client.query_opt(&check, &params)
-        );
+        let (begun, checked) =
+            tokio::join!(client.batch_execute("BEGIN"), check.query(client, &params));
         begun.map_err(query_error)?;
-        if checked.map_err(query_error)?.is_some() {
+        if !checked.map_err(query_error)?.is_empty() {
             return Ok(Some(Box::new(tx)));
         }
         tracing::debug!(

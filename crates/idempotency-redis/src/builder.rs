@@ -10,6 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+/// The roots to trust for TLS (`None`: the system's).
+struct TlsRoots {
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    root_cert: Option<Vec<u8>>,
+}
+
 enum Target {
     Single(String),
     Cluster(Vec<String>),
@@ -21,6 +27,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    tls_root_cert: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -51,15 +58,68 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trust the roots in this PEM file (your CA, or ElastiCache's) for `rediss://` connections,
+    /// instead of the system's roots. Needs the `tls` feature.
+    pub fn tls_root_cert(mut self, pem_file: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_root_cert = Some(pem_file.into());
+        self
+    }
+
+    /// The TLS certificates to trust, if TLS is asked for; an error if this build cannot do it.
+    fn tls(&self) -> Result<Option<TlsRoots>, RedisStoreError> {
+        let urls: Vec<&str> = match &self.target {
+            Target::Single(url) => vec![url],
+            Target::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+        };
+        let wants_tls = urls.iter().any(|u| u.starts_with("rediss://"));
+        if !wants_tls && self.tls_root_cert.is_none() {
+            return Ok(None);
+        }
+        if !cfg!(feature = "tls") {
+            return Err(RedisStoreError::InvalidTls(
+                "rediss:// needs TLS, and this build has none: enable the `tls` feature of \
+                 idempotency-redis (or `redis-tls` of idempotency)"
+                    .to_owned(),
+            ));
+        }
+        // The redis crate builds its rustls configuration with the process' default crypto
+        // provider; make it ring's unless the application chose one.
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = match &self.tls_root_cert {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                RedisStoreError::InvalidTls(format!("cannot read {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        Ok(Some(TlsRoots { root_cert }))
+    }
+
     /// Connects. A single node gets a [`ConnectionManager`], which reconnects in the background
     /// after a failure; a cluster gets the cluster client's connection, which follows slot moves.
+    /// `rediss://` URLs connect over TLS (feature `tls`), trusting the system's roots or the
+    /// file given to [`tls_root_cert`](RedisStoreBuilder::tls_root_cert).
     pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
         if self.prefix.contains(['{', '}']) {
             return Err(RedisStoreError::InvalidPrefix(self.prefix));
         }
+        let tls = self.tls()?;
         let connection = match self.target {
             Target::Single(url) => {
-                let client = redis::Client::open(url).map_err(RedisStoreError::Connect)?;
+                let client = match tls {
+                    #[cfg(feature = "tls")]
+                    Some(TlsRoots {
+                        root_cert: Some(root_cert),
+                    }) => redis::Client::build_with_tls(
+                        url,
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root_cert),
+                        },
+                    ),
+                    _ => redis::Client::open(url),
+                }
+                .map_err(RedisStoreError::Connect)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
@@ -72,12 +132,23 @@ impl RedisStoreBuilder {
                 )
             }
             Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClient::builder(nodes)
+                let builder = redis::cluster::ClusterClient::builder(nodes)
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(RedisStoreError::Connect)?;
+                    .retries(2);
+                #[cfg(feature = "tls")]
+                let builder = match tls {
+                    Some(TlsRoots {
+                        root_cert: Some(root_cert),
+                    }) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    }),
+                    _ => builder,
+                };
+                #[cfg(not(feature = "tls"))]
+                let _ = tls;
+                let client = builder.build().map_err(RedisStoreError::Connect)?;
                 Connection::Cluster(
                     client
                         .get_async_connection()
@@ -140,6 +211,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
+            tls_root_cert: None,
         }
     }
 }

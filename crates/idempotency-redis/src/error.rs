@@ -15,6 +15,10 @@ pub enum RedisStoreError {
     /// The key prefix contains `{` or `}`, which would take over the cluster hash tag.
     #[error("the key prefix {0:?} must not contain '{{' or '}}'")]
     InvalidPrefix(String),
+    /// TLS was asked for (`rediss://`, a root certificate) and cannot be given: the build lacks
+    /// the `tls` feature, or the root certificate cannot be read.
+    #[error("TLS settings: {0}")]
+    InvalidTls(String),
 }
 
 pub(crate) fn redis_error(e: RedisError) -> StoreError {

@@ -11,12 +11,16 @@
 //! `postgres` user (`setpriv`, which execs in place so signals reach the server).
 
 pub mod env;
+mod pgbouncer;
 mod postgres;
 mod process;
 mod redis;
 mod schema;
+mod tls;
 
+pub use pgbouncer::{PoolMode, TempPgBouncer};
 pub use postgres::TempPostgres;
 pub use process::free_port;
 pub use redis::{TempRedis, TempRedisCluster};
 pub use schema::{TestSchema, drop_test_schema};
+pub use tls::{ServerCert, TestCa};

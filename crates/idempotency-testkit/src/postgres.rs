@@ -50,6 +50,40 @@ impl TempPostgres {
     /// Creates and starts a cluster. `settings` are extra `-c name=value` server settings,
     /// given as `name=value`.
     pub fn start(settings: &[&str]) -> io::Result<Self> {
+        let cluster = Self::create(settings)?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// Creates and starts a cluster that accepts TLS connections only: `pg_hba.conf` has
+    /// `hostssl` lines and no `host` line, and the server presents `cert` (see
+    /// [`TestCa`](crate::TestCa)).
+    pub fn start_tls_only(cert: &crate::ServerCert, settings: &[&str]) -> io::Result<Self> {
+        let mut all: Vec<&str> = settings.to_vec();
+        all.extend([
+            "ssl=on",
+            "ssl_cert_file=server.crt",
+            "ssl_key_file=server.key",
+        ]);
+        let cluster = Self::create(&all)?;
+        let data = cluster.data_dir();
+        cert.write_into(&data)?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+        )?;
+        if let Some(user) = cluster.user {
+            let (uid, gid) = user_ids(user)?;
+            for file in ["server.crt", "server.key", "pg_hba.conf"] {
+                std::os::unix::fs::chown(data.join(file), Some(uid), Some(gid))?;
+            }
+        }
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// Runs `initdb` into a new temporary folder; the server is not started.
+    fn create(settings: &[&str]) -> io::Result<Self> {
         let bin = pg_bin_dir()?;
         let root = tempfile::Builder::new().prefix("idem-pg-").tempdir()?;
         let user = is_root().then_some("postgres");
@@ -78,7 +112,6 @@ impl TempPostgres {
                 "UTF8",
             ],
         )?;
-        cluster.start_server()?;
         Ok(cluster)
     }
 

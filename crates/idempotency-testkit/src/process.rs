@@ -3,9 +3,23 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range (32768 and
+/// up): a readiness probe to a port in that range that nothing listens on yet can connect to
+/// itself and then keep the server from binding; and a Redis Cluster node's bus port (its port
+/// + 10000) must stay below 65536.
 pub fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over 20000..32000, starting somewhere different in each test process.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % 12_000) as u16;
+    for _ in 0..12_000 {
+        let offset = NEXT.fetch_add(7, Ordering::Relaxed);
+        let port = 20_000 + (start.wrapping_add(offset) % 12_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other("no free port between 20000 and 32000"))
 }
 
 pub(crate) fn is_root() -> bool {

@@ -1,5 +1,6 @@
 use crate::process::free_port;
 use std::io;
+use std::path::Path;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,22 +13,34 @@ pub struct TempRedis {
     port: u16,
     extra: Vec<String>,
     child: Option<Child>,
+    /// The CA file to check the server with, when it speaks TLS only.
+    tls_ca: Option<std::path::PathBuf>,
 }
 
-fn ping(port: u16) -> bool {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "ping"])
+fn ping(port: u16, tls_ca: Option<&Path>) -> bool {
+    let mut command = Command::new("redis-cli");
+    command.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(ca) = tls_ca {
+        command.arg("--tls").arg("--cacert").arg(ca);
+    }
+    command
+        .arg("ping")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
         .unwrap_or(false)
 }
 
-fn cli(port: u16, args: &[&str]) -> io::Result<String> {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+impl TempRedis {
+    /// Runs `redis-cli` against this server (over TLS when it speaks TLS only).
+    fn cli(&self, args: &[&str]) -> io::Result<String> {
+        let mut command = Command::new("redis-cli");
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(ca) = &self.tls_ca {
+            command.arg("--tls").arg("--cacert").arg(ca);
+        }
+        let out = command.args(args).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
 }
 
 impl TempRedis {
@@ -39,6 +52,47 @@ impl TempRedis {
             port: free_port()?,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            tls_ca: None,
+        };
+        server.start_server()?;
+        Ok(server)
+    }
+
+    /// Starts a server that speaks TLS only (`--port 0 --tls-port`), presenting `cert`;
+    /// `ca_root` is the CA file its readiness check trusts. Clients need no certificate.
+    pub fn start_tls_only(cert: &crate::ServerCert, ca_root: &Path) -> io::Result<Self> {
+        Self::start_tls_with(cert, ca_root, &[])
+    }
+
+    fn start_tls_with(
+        cert: &crate::ServerCert,
+        ca_root: &Path,
+        extra: &[&str],
+    ) -> io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("idem-redis-").tempdir()?;
+        let (cert_file, key_file) = cert.write_into(dir.path())?;
+        let port = free_port()?;
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let mut server = TempRedis {
+            extra: vec![
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path(&cert_file),
+                "--tls-key-file".into(),
+                path(&key_file),
+                "--tls-ca-cert-file".into(),
+                path(ca_root),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]
+            .into_iter()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect(),
+            dir,
+            port,
+            child: None,
+            tls_ca: Some(ca_root.to_owned()),
         };
         server.start_server()?;
         Ok(server)
@@ -46,8 +100,10 @@ impl TempRedis {
 
     /// Starts the server again on the same port (after [`TempRedis::kill`]).
     pub fn start_server(&mut self) -> io::Result<()> {
+        // A TLS-only server listens on its TLS port only.
+        let plain_port = if self.tls_ca.is_some() { 0 } else { self.port };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", &plain_port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -65,7 +121,7 @@ impl TempRedis {
             })?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !ping(self.port) {
+        while !ping(self.port, self.tls_ca.as_deref()) {
             if Instant::now() > deadline {
                 return Err(io::Error::other(format!(
                     "redis-server on port {} did not answer PING",
@@ -118,9 +174,13 @@ impl TempRedis {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or `rediss://localhost:<port>` for a TLS-only server (the
+    /// certificate names `localhost`).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls_ca {
+            Some(_) => format!("rediss://localhost:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 }
 
@@ -143,6 +203,7 @@ impl TempRedisCluster {
     pub fn start() -> io::Result<Self> {
         let mut nodes = Vec::new();
         for _ in 0..3 {
+            let bus = free_port()?.to_string();
             nodes.push(TempRedis::start(&[
                 "--cluster-enabled",
                 "yes",
@@ -150,13 +211,49 @@ impl TempRedisCluster {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "5000",
+                "--cluster-port",
+                &bus,
             ])?);
         }
+        Self::join(nodes)
+    }
+
+    /// Three cluster-enabled servers that speak TLS only, their bus too (`--tls-cluster yes`),
+    /// presenting `cert`.
+    pub fn start_tls_only(cert: &crate::ServerCert, ca_root: &Path) -> io::Result<Self> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let bus = free_port()?.to_string();
+            nodes.push(TempRedis::start_tls_with(
+                cert,
+                ca_root,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--cluster-port",
+                    &bus,
+                    "--tls-cluster",
+                    "yes",
+                ],
+            )?);
+        }
+        Self::join(nodes)
+    }
+
+    fn join(nodes: Vec<TempRedis>) -> io::Result<Self> {
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(ca) = nodes.first().and_then(|n| n.tls_ca.clone()) {
+            create.arg("--tls").arg("--cacert").arg(ca);
+        }
+        let out = create
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -171,7 +268,7 @@ impl TempRedisCluster {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
-            while !cli(node.port(), &["cluster", "info"])?.contains("cluster_state:ok") {
+            while !node.cli(&["cluster", "info"])?.contains("cluster_state:ok") {
                 if Instant::now() > deadline {
                     return Err(io::Error::other(
                         "the cluster never reached cluster_state:ok",
@@ -193,7 +290,7 @@ impl TempRedisCluster {
         self.nodes
             .iter()
             .map(|n| {
-                cli(n.port(), &["dbsize"])?
+                n.cli(&["dbsize"])?
                     .trim()
                     .parse()
                     .map_err(|_| io::Error::other("DBSIZE did not answer a number"))

@@ -51,7 +51,7 @@ pub enum ConnectError {
         "unsupported store {0:?}: use `memory`, `postgres://...` (feature `postgres`) or `redis://...` (feature `redis`)"
     )]
     Unsupported(String),
-    /// The PostgreSQL store could not be built or migrated.
+    /// The PostgreSQL store could not be built.
     #[cfg(feature = "postgres")]
     #[error(transparent)]
     Postgres(#[from] idempotency_postgres::PostgresStoreError),
@@ -61,28 +61,64 @@ pub enum ConnectError {
     Redis(#[from] idempotency_redis::RedisStoreError),
 }
 
-/// Makes a store from a URL: `memory`, `postgres://...` / `postgresql://...` (built, then
-/// migrated), `redis://...` / `rediss://...`, or `redis+cluster://host1:port,host2:port`.
+/// Makes a store from a URL: `memory`, `postgres://...` / `postgresql://...` (TLS per
+/// `sslmode`, feature `postgres-tls`), `redis://...` / `rediss://...` (TLS: feature `redis-tls`),
+/// or a cluster, `redis+cluster://[user:password@]host1:port,host2:port` (`rediss+cluster://` for
+/// TLS; the credentials apply to every node). Runs no DDL: create the PostgreSQL table with
+/// `PostgresStore::migrate` (or the migrations' SQL) first.
 pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, ConnectError> {
     let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
     match scheme {
         #[cfg(feature = "memory")]
         "memory" => Ok(Arc::new(MemoryStore::default())),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let store = PostgresStore::builder(url).build().await?;
-            store.migrate().await?;
-            Ok(Arc::new(store))
-        }
+        "postgres" | "postgresql" => Ok(Arc::new(PostgresStore::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(RedisStore::builder(url).build().await?)),
+        "redis" | "rediss" => Ok(Arc::new(RedisStore::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis+cluster" => {
-            let nodes = url["redis+cluster://".len()..]
-                .split(',')
-                .map(|node| format!("redis://{node}"));
-            Ok(Arc::new(RedisStore::cluster_builder(nodes).build().await?))
-        }
+        "redis+cluster" | "rediss+cluster" => Ok(Arc::new(
+            RedisStore::connect_cluster(cluster_nodes(url)).await?,
+        )),
         _ => Err(ConnectError::Unsupported(url.to_owned())),
+    }
+}
+
+/// `redis+cluster://[auth@]h1:p1,h2:p2` as one URL per node, each with the credentials.
+#[cfg(any(feature = "redis", test))]
+fn cluster_nodes(url: &str) -> Vec<String> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis+cluster", url));
+    let node_scheme = if scheme.starts_with("rediss") {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{node_scheme}://{auth}{host}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_nodes;
+
+    #[test]
+    fn every_cluster_node_gets_the_credentials_and_the_scheme() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://app:s3cret@10.0.0.1:6379,10.0.0.2:6379"),
+            [
+                "redis://app:s3cret@10.0.0.1:6379",
+                "redis://app:s3cret@10.0.0.2:6379"
+            ]
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://n1:6380,n2:6380"),
+            ["rediss://n1:6380", "rediss://n2:6380"]
+        );
     }
 }

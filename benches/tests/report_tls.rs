@@ -1,0 +1,51 @@
+//! The re-evaluation report against TLS-only servers started by the testkit: PostgreSQL with
+//! `sslmode=verify-full` (pg_hba `hostssl` lines only) and Redis over `rediss://`. A tiny run
+//! must measure both, not skip them.
+
+use idempotency_testkit::{TempPostgres, TempRedis, TestCa};
+
+#[test]
+fn the_report_runs_against_tls_only_postgres_and_redis() {
+    let ca = TestCa::new("idempotency test CA").expect("CA");
+    let cert = ca.issue(&["localhost", "127.0.0.1"]).expect("certificate");
+    let pg = TempPostgres::start_tls_only(&cert, &[]).expect("a TLS-only PostgreSQL");
+    let redis = TempRedis::start_tls_only(&cert, &ca.root_path()).expect("a TLS-only Redis");
+    let root = ca.root_path();
+    let postgres = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port(),
+        root.to_string_lossy().replace('/', "%2F")
+    );
+    let out = tempfile::tempdir().expect("a folder for the report");
+    let report = out.path().join("report.md");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency-bench"))
+        .args(["report", "--postgres", &postgres, "--redis", &redis.url()])
+        .args([
+            "--requests",
+            "40",
+            "--concurrency",
+            "1,2",
+            "--floor-rounds",
+            "2",
+        ])
+        .args(["--floor-ops", "5", "--wal-ops", "20", "--out"])
+        .arg(&report)
+        // rediss:// trusts the system's roots; SSL_CERT_FILE points them at the test CA.
+        .env("SSL_CERT_FILE", &root)
+        .status()
+        .expect("run the report");
+    assert!(status.success(), "the report failed: {status}");
+    let text = std::fs::read_to_string(&report).expect("the report");
+    assert!(
+        !text.contains("Skipped"),
+        "no store may be skipped:\n{text}"
+    );
+    for row in [
+        "| postgres_unlogged | 1 |",
+        "| redis | 1 |",
+        "| memory | 1 |",
+    ] {
+        assert!(text.contains(row), "missing {row:?} in:\n{text}");
+    }
+    assert!(text.contains("| postgres_unlogged |") && text.contains("library / raw"));
+}

@@ -1,0 +1,440 @@
+//! TLS for the store's connections: libpq's `sslmode` and `sslrootcert` in the connection string,
+//! on rustls (no OpenSSL). tokio-postgres understands `sslmode=disable|prefer|require` only; this
+//! module takes the TLS parameters out of the string, hands the rest to tokio-postgres, and builds
+//! the connector.
+//!
+//! | `sslmode` | TLS | the server's certificate |
+//! | --- | --- | --- |
+//! | `disable` | never | - |
+//! | `prefer` (the default) | when the server offers it | not checked (as libpq) |
+//! | `require` | always | not checked (as libpq), unless `sslrootcert` is given: then as `verify-ca` |
+//! | `verify-ca` | always | signed by a trusted root |
+//! | `verify-full` | always | signed by a trusted root, and issued for the host connected to |
+//!
+//! Trusted roots: the PEM file named by `sslrootcert`, or the system's roots (`sslrootcert=system`
+//! or no `sslrootcert`). Aurora and RDS: `sslmode=verify-full&sslrootcert=/path/to/global-bundle.pem`.
+
+use crate::error::PostgresStoreError;
+use std::path::PathBuf;
+
+/// How a connection uses TLS (libpq's `sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Plain text only.
+    Disable,
+    /// TLS when the server offers it, without checking its certificate (libpq's default).
+    #[default]
+    Prefer,
+    /// TLS always, without checking the certificate (unless a root certificate is given).
+    Require,
+    /// TLS always; the certificate must be signed by a trusted root.
+    VerifyCa,
+    /// TLS always; the certificate must be signed by a trusted root and name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self, PostgresStoreError> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(PostgresStoreError::InvalidTls(format!(
+                    "unknown sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
+                )));
+            }
+        })
+    }
+}
+
+/// The parameters of a connection string that tokio-postgres does not take: TLS, and whether
+/// statements may be prepared (`prepared_statements=false` behind a transaction pooler).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TlsSettings {
+    pub(crate) mode: SslMode,
+    /// `sslrootcert`: a PEM file of trusted roots; `None` for the system's roots.
+    pub(crate) root_cert: Option<PathBuf>,
+    /// `prepared_statements`: `false` sends every statement unnamed.
+    pub(crate) prepared_statements: bool,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        TlsSettings {
+            mode: SslMode::default(),
+            root_cert: None,
+            prepared_statements: true,
+        }
+    }
+}
+
+/// Takes `sslmode`, `sslrootcert` and `prepared_statements` out of a connection string (URL or
+/// `key=value` form); returns the rest, for tokio-postgres, and the settings.
+pub(crate) fn split(url: &str) -> Result<(String, TlsSettings), PostgresStoreError> {
+    let mut settings = TlsSettings::default();
+    let mut take = |key: &str, value: &str| -> Result<bool, PostgresStoreError> {
+        match key {
+            "sslmode" => settings.mode = SslMode::parse(value)?,
+            "sslrootcert" if value == "system" => settings.root_cert = None,
+            "sslrootcert" => settings.root_cert = Some(PathBuf::from(value)),
+            "prepared_statements" => {
+                settings.prepared_statements = match value {
+                    "true" | "on" | "1" => true,
+                    "false" | "off" | "0" => false,
+                    other => {
+                        return Err(PostgresStoreError::InvalidTls(format!(
+                            "prepared_statements must be true or false, not {other:?}"
+                        )));
+                    }
+                }
+            }
+            "sslcert" | "sslkey" => {
+                return Err(PostgresStoreError::InvalidTls(
+                    "client certificates (sslcert, sslkey) are not supported".to_owned(),
+                ));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    };
+    let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        match url.split_once('?') {
+            None => url.to_owned(),
+            Some((base, query)) => {
+                let mut kept = Vec::new();
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                    if !take(key, &percent_decode(value)?)? {
+                        kept.push(pair);
+                    }
+                }
+                if kept.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+        }
+    } else {
+        let mut kept = Vec::new();
+        for word in url.split_whitespace() {
+            let (key, value) = word.split_once('=').unwrap_or((word, ""));
+            if !take(key.trim(), value.trim_matches('\''))? {
+                kept.push(word);
+            }
+        }
+        kept.join(" ")
+    };
+    if settings.mode == SslMode::Require && settings.root_cert.is_some() {
+        // libpq: with a root certificate, `require` verifies the chain.
+        settings.mode = SslMode::VerifyCa;
+    }
+    Ok((rest, settings))
+}
+
+fn percent_decode(value: &str) -> Result<String, PostgresStoreError> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    PostgresStoreError::InvalidTls(format!("bad percent-encoding in {value:?}"))
+                })?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| PostgresStoreError::InvalidTls(format!("{value:?} is not UTF-8")))
+}
+
+impl TlsSettings {
+    /// tokio-postgres' own mode for these settings.
+    pub(crate) fn tokio_postgres_mode(&self) -> tokio_postgres::config::SslMode {
+        match self.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
+        }
+    }
+}
+
+/// One plain tokio-postgres connection to `url`, with the store's reading of the URL (TLS per
+/// `sslmode` and `sslrootcert`): for tools and benchmarks that send SQL without the store. Its
+/// connection task is spawned on the current Tokio runtime.
+pub async fn connect_raw(url: &str) -> Result<tokio_postgres::Client, PostgresStoreError> {
+    use std::str::FromStr;
+    let (rest, settings) = split(url)?;
+    let mut config =
+        tokio_postgres::Config::from_str(&rest).map_err(PostgresStoreError::InvalidUrl)?;
+    config.ssl_mode(settings.tokio_postgres_mode());
+    let client = match Connector::for_settings(&settings)? {
+        Connector::Plain(tls) => {
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(connection);
+            client
+        }
+        #[cfg(feature = "tls")]
+        Connector::Rustls(tls) => {
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(connection);
+            client
+        }
+    };
+    Ok(client)
+}
+
+/// The connector for the settings: plain, or rustls.
+pub(crate) enum Connector {
+    Plain(tokio_postgres::NoTls),
+    #[cfg(feature = "tls")]
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Connector {
+    pub(crate) fn for_settings(settings: &TlsSettings) -> Result<Connector, PostgresStoreError> {
+        if settings.mode == SslMode::Disable {
+            return Ok(Connector::Plain(tokio_postgres::NoTls));
+        }
+        #[cfg(feature = "tls")]
+        {
+            rustls_connector::make(settings).map(Connector::Rustls)
+        }
+        #[cfg(not(feature = "tls"))]
+        match settings.mode {
+            SslMode::Prefer => Ok(Connector::Plain(tokio_postgres::NoTls)),
+            _ => Err(PostgresStoreError::InvalidTls(
+                "sslmode needs TLS, and this build has none: enable the `tls` feature of \
+                 idempotency-postgres (or `postgres-tls` of idempotency)"
+                    .to_owned(),
+            )),
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+mod rustls_connector {
+    use super::{SslMode, TlsSettings};
+    use crate::error::PostgresStoreError;
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::WebPkiSupportedAlgorithms;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+    use std::sync::Arc;
+
+    fn invalid(message: String) -> PostgresStoreError {
+        PostgresStoreError::InvalidTls(message)
+    }
+
+    pub(super) fn make(
+        settings: &TlsSettings,
+    ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PostgresStoreError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid(format!("TLS setup: {e}")))?;
+        let verifier: Arc<dyn ServerCertVerifier> = match settings.mode {
+            SslMode::Disable | SslMode::Prefer | SslMode::Require => Arc::new(EncryptOnly {
+                algorithms: provider.signature_verification_algorithms,
+            }),
+            SslMode::VerifyCa | SslMode::VerifyFull => {
+                let roots = Arc::new(roots(settings)?);
+                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                    .build()
+                    .map_err(|e| invalid(format!("TLS setup: {e}")))?;
+                if settings.mode == SslMode::VerifyFull {
+                    webpki
+                } else {
+                    Arc::new(AnyName { webpki })
+                }
+            }
+        };
+        let config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+
+    fn roots(settings: &TlsSettings) -> Result<RootCertStore, PostgresStoreError> {
+        let mut roots = RootCertStore::empty();
+        match &settings.root_cert {
+            Some(path) => {
+                let certs = CertificateDer::pem_file_iter(path)
+                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| {
+                        invalid(format!("cannot read sslrootcert {}: {e}", path.display()))
+                    })?;
+                for cert in certs {
+                    roots.add(cert).map_err(|e| {
+                        invalid(format!(
+                            "sslrootcert {} holds a bad certificate: {e}",
+                            path.display()
+                        ))
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                for cert in found.certs {
+                    // A system store can hold certificates rustls does not parse: skip them.
+                    let _ = roots.add(cert);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(invalid(
+                "no trusted root certificates: set sslrootcert to a PEM file of the server's CA"
+                    .to_owned(),
+            ));
+        }
+        Ok(roots)
+    }
+
+    /// `sslmode=prefer|require` without a root: encrypted, but any certificate is accepted, as
+    /// libpq does. The handshake's signatures are still checked.
+    #[derive(Debug)]
+    struct EncryptOnly {
+        algorithms: WebPkiSupportedAlgorithms,
+    }
+
+    impl ServerCertVerifier for EncryptOnly {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.algorithms.supported_schemes()
+        }
+    }
+
+    /// `sslmode=verify-ca`: the chain must reach a trusted root; the name is not checked.
+    #[derive(Debug)]
+    struct AnyName {
+        webpki: Arc<WebPkiServerVerifier>,
+    }
+
+    impl ServerCertVerifier for AnyName {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            match self
+                .webpki
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            {
+                Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.webpki.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.webpki.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.webpki.supported_verify_schemes()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_taken_out_of_urls_and_key_value_strings() {
+        let (rest, s) = split(
+            "postgres://u:p@db.example:5432/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(
+            rest,
+            "postgres://u:p@db.example:5432/app?application_name=x"
+        );
+        assert_eq!(s.mode, SslMode::VerifyFull);
+        assert_eq!(s.root_cert, Some(PathBuf::from("/etc/ca.pem")));
+        let (rest, s) = split("postgres://db/app?sslmode=require").unwrap();
+        assert_eq!(
+            (rest.as_str(), s.mode),
+            ("postgres://db/app", SslMode::Require)
+        );
+        let (rest, s) = split("host=db user=u sslmode=require sslrootcert=/ca.pem").unwrap();
+        assert_eq!(rest, "host=db user=u");
+        assert_eq!(
+            s.mode,
+            SslMode::VerifyCa,
+            "require with a root verifies the chain"
+        );
+        let (_, s) = split("postgres://db/app").unwrap();
+        assert_eq!(s, TlsSettings::default());
+        let (rest, s) = split("postgres://bouncer:6432/app?prepared_statements=false").unwrap();
+        assert_eq!(
+            (rest.as_str(), s.prepared_statements),
+            ("postgres://bouncer:6432/app", false)
+        );
+        assert!(split("postgres://db/app?sslmode=verify-everything").is_err());
+        assert!(split("postgres://db/app?sslcert=/c.pem").is_err());
+    }
+}
