@@ -1,16 +1,42 @@
 #!/usr/bin/env bash
-# Makes sure the servers the tests use are installed and running on loopback:
-# PostgreSQL (127.0.0.1:5432, user postgres, trust auth) with the pg_cron package available, and
-# Redis (127.0.0.1:6379). On this project's machines they are already running and this script only
-# checks; on a fresh Debian machine (as root) it installs and starts them.
+# Makes sure the servers and tools the tests use are there:
+#   - PostgreSQL at IDEMPOTENCY_TEST_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/postgres)
+#   - Redis at IDEMPOTENCY_TEST_REDIS_URL (default redis://127.0.0.1:6379)
+#   - for the tests that start throwaway servers: PostgreSQL's server binaries with pg_cron,
+#     pgbouncer, redis-server and redis-cli, psql and pg_dump, setpriv.
+#
+# It first checks. If everything answers, it changes nothing. Only when something is missing, and
+# only with CI set (the CI machine) or `--install` given, it installs Debian packages (as root)
+# and starts a stopped server. It never edits the configuration of an existing PostgreSQL cluster
+# (pg_hba.conf is yours): a cluster it creates itself gets trust on 127.0.0.1 at creation.
 # Tests that kill or reconfigure a server start their own throwaway servers; this script never
 # stops anything.
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
+install=0
+[ -n "${CI:-}" ] && install=1
+for arg in "$@"; do
+  case "$arg" in
+    --install) install=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) log "unknown argument $arg (use --install)"; exit 2 ;;
+  esac
+done
+
+PG_URL="${IDEMPOTENCY_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+REDIS_URL="${IDEMPOTENCY_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+
+missing=()
+need() { missing+=("$1: $2"); }
+
 apt_updated=0
 apt_install() {
+  if [ "$install" -eq 0 ]; then
+    need "packages" "$*"
+    return 1
+  fi
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     log "missing packages: $*; install them (Debian: apt-get install $*) and run again"
     exit 1
@@ -27,56 +53,53 @@ pg_bin_dir() {
   ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
 
-# --- PostgreSQL ---------------------------------------------------------------------------
-if [ -z "$(pg_bin_dir)" ]; then
-  apt_install postgresql
-fi
+# --- Tools and packages the throwaway servers need ------------------------------------------
+[ -n "$(pg_bin_dir)" ] || apt_install postgresql || true
 PG_BIN=$(pg_bin_dir)
-PG_MAJOR=$(basename "$(dirname "$PG_BIN")")
-if [ ! -f "/usr/lib/postgresql/$PG_MAJOR/lib/pg_cron.so" ]; then
-  apt_install "postgresql-$PG_MAJOR-cron"
+PG_MAJOR=""
+if [ -n "$PG_BIN" ]; then
+  PG_MAJOR=$(basename "$(dirname "$PG_BIN")")
+  [ -f "/usr/lib/postgresql/$PG_MAJOR/lib/pg_cron.so" ] || apt_install "postgresql-$PG_MAJOR-cron" || true
 fi
-# Throwaway servers run as the postgres user through setpriv, and are signalled with kill.
-command -v setpriv >/dev/null || apt_install util-linux
-[ -x /bin/kill ] || [ -x /usr/bin/kill ] || apt_install procps
+command -v psql >/dev/null && command -v pg_dump >/dev/null || apt_install postgresql-client || true
+command -v pgbouncer >/dev/null || apt_install pgbouncer || true
+command -v setpriv >/dev/null || apt_install util-linux || true
+[ -x /bin/kill ] || [ -x /usr/bin/kill ] || apt_install procps || true
+{ command -v redis-server >/dev/null && command -v redis-cli >/dev/null; } || apt_install redis-server redis-tools || true
 
-if ! "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p 5432; then
-  if command -v pg_ctlcluster >/dev/null; then
+# --- PostgreSQL at the configured URL -------------------------------------------------------
+pg_answers() { command -v psql >/dev/null && psql "$PG_URL" -qAtc 'SELECT 1' >/dev/null 2>&1; }
+if ! pg_answers; then
+  if [ "$install" -eq 1 ] && [ -n "$PG_MAJOR" ] && command -v pg_ctlcluster >/dev/null \
+     && [[ "$PG_URL" == *"127.0.0.1:5432"* ]]; then
     if ! pg_lsclusters -h 2>/dev/null | awk '{print $1" "$2}' | grep -q "^$PG_MAJOR main$"; then
-      log "creating PostgreSQL cluster $PG_MAJOR/main"
-      pg_createcluster "$PG_MAJOR" main >/dev/null
-    fi
-    hba="/etc/postgresql/$PG_MAJOR/main/pg_hba.conf"
-    if [ -f "$hba" ] && ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
-      log "allowing trust auth on 127.0.0.1 for the test server"
-      sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+      log "creating PostgreSQL cluster $PG_MAJOR/main (trust on 127.0.0.1, for tests only)"
+      pg_createcluster "$PG_MAJOR" main -- --auth-host=trust --auth-local=trust >/dev/null
     fi
     log "starting PostgreSQL $PG_MAJOR"
-    pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start
-  else
-    log "PostgreSQL is not running on 127.0.0.1:5432 and pg_ctlcluster is missing; start it by hand"
-    exit 1
+    pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start || true
+    for _ in $(seq 1 30); do pg_answers && break; sleep 1; done
   fi
-  for _ in $(seq 1 30); do
-    "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p 5432 && break
-    sleep 1
-  done
+  pg_answers || need "PostgreSQL" "nothing answers at $PG_URL: start a server there (Debian: pg_ctlcluster ${PG_MAJOR:-<version>} main start) or point IDEMPOTENCY_TEST_POSTGRES_URL at one; with --install this script creates and starts a local test cluster"
 fi
-"$PG_BIN/pg_isready" -h 127.0.0.1 -p 5432 >/dev/null || { log "PostgreSQL did not come up"; exit 1; }
 
-# --- Redis --------------------------------------------------------------------------------
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  apt_install redis-server redis-tools
+# --- Redis at the configured URL ------------------------------------------------------------
+redis_answers() { command -v redis-cli >/dev/null && redis-cli -u "$REDIS_URL" ping 2>/dev/null | grep -q PONG; }
+if ! redis_answers; then
+  if [ "$install" -eq 1 ] && [[ "$REDIS_URL" == "redis://127.0.0.1:6379"* ]] && command -v redis-server >/dev/null; then
+    log "starting Redis on 127.0.0.1:6379 (persistence off, for tests only)"
+    mkdir -p /var/lib/redis /var/log/redis
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+      --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    for _ in $(seq 1 30); do redis_answers && break; sleep 1; done
+  fi
+  redis_answers || need "Redis" "nothing answers at $REDIS_URL: start one (redis-server --port 6379 --save '' --appendonly no) or point IDEMPOTENCY_TEST_REDIS_URL at one; with --install this script starts a local test server"
 fi
-if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  log "starting Redis on 127.0.0.1:6379"
-  mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
-  for _ in $(seq 1 30); do
-    redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break
-    sleep 1
-  done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "not ready:"
+  for m in "${missing[@]}"; do log "  - $m"; done
+  log "run with --install (or CI=true) to install packages and start local test servers"
+  exit 1
 fi
-redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || { log "Redis did not come up"; exit 1; }
-log "PostgreSQL $PG_MAJOR and Redis are up on loopback"
+log "PostgreSQL ($PG_URL) and Redis ($REDIS_URL) answer; the tools for throwaway servers are installed"

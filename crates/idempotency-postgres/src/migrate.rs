@@ -104,6 +104,12 @@ impl Migration {
 /// Every migration as one script (for `migration_sql`).
 pub(crate) fn render_all(name: &TableName, mode: TableMode, purge_schedule: &str) -> String {
     let mut out = String::new();
+    if name.schema != "public" {
+        out.push_str(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {};\n\n",
+            name.quoted_schema()
+        ));
+    }
     for migration in &MIGRATIONS {
         out.push_str(&format!("-- migrations/{}\n", migration.file_name()));
         out.push_str(&migration.render(name, mode, purge_schedule));
@@ -250,6 +256,30 @@ impl PostgresStore {
             });
         }
         let purge_job = if installed("pg_cron") {
+            // The job as cron.job has it: someone may have unscheduled it, or the configured
+            // schedule may have changed since it was scheduled. Put it (back) as configured.
+            let job_name = name.purge_job_name();
+            let current: Option<String> = tx
+                .query_opt(
+                    "SELECT schedule FROM cron.job WHERE jobname = $1",
+                    &[&job_name],
+                )
+                .await?
+                .map(|row| row.get(0));
+            if current.as_deref() != Some(self.inner.purge_schedule.as_str()) {
+                tx.execute(
+                    "SELECT cron.schedule($1, $2, $3)",
+                    &[&job_name, &self.inner.purge_schedule, &name.purge_all_sql()],
+                )
+                .await?;
+                tracing::info!(
+                    job = %job_name,
+                    from = ?current,
+                    to = %self.inner.purge_schedule,
+                    "scheduled the pg_cron purge job as configured"
+                );
+                applied.push("pg_cron purge schedule");
+            }
             PurgeJob::Scheduled {
                 job_name: name.purge_job_name(),
                 schedule: self.inner.purge_schedule.clone(),

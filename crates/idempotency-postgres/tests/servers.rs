@@ -152,6 +152,101 @@ mod postgres {
         }
     }
 
+    /// `status()` reads the purge job from `cron.job`: a job someone unscheduled shows as missing,
+    /// a changed schedule as drift, and `migrate()` puts the job back as configured.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg_cron_drift_is_reported_and_migrate_repairs_it() {
+        use idempotency_postgres::PurgeStatus;
+        let pg = cluster(&[
+            "shared_preload_libraries=pg_cron",
+            "cron.database_name=postgres",
+            "cron.use_background_workers=on",
+            "max_worker_processes=20",
+        ]);
+        let url = pg.url("postgres");
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+            .batch_execute("CREATE EXTENSION pg_cron")
+            .await
+            .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
+        let store = |schedule: &'static str| {
+            PostgresStore::builder(&url)
+                .schema("drift")
+                .purge_schedule(schedule)
+                .build()
+        };
+        let hourly = store("0 * * * *").await.expect("build");
+        let before = hourly.status().await.expect("status");
+        assert_eq!(before.persistence, None);
+        assert!(
+            before
+                .problems()
+                .iter()
+                .any(|p| p.contains("does not exist"))
+        );
+        hourly.migrate().await.expect("migrate");
+        let job = "idempotency-purge:drift.idempotency_keys";
+        let status = hourly.status().await.expect("status");
+        assert_eq!(
+            status.purge,
+            PurgeStatus::Scheduled {
+                job_name: job.into(),
+                schedule: "0 * * * *".into(),
+                active: true
+            }
+        );
+        assert!(status.problems().is_empty(), "{:?}", status.problems());
+
+        // Someone unschedules the job: status says so, migrate puts it back.
+        client
+            .execute("SELECT cron.unschedule($1)", &[&job])
+            .await
+            .expect("unschedule");
+        let status = hourly.status().await.expect("status");
+        assert_eq!(
+            status.purge,
+            PurgeStatus::Missing {
+                job_name: job.into()
+            }
+        );
+        assert!(
+            status
+                .problems()
+                .iter()
+                .any(|p| p.contains("missing from cron.job"))
+        );
+        let report = hourly.migrate().await.expect("migrate");
+        assert!(
+            report.applied.contains(&"pg_cron purge schedule"),
+            "{report:?}"
+        );
+        assert!(hourly.status().await.expect("status").problems().is_empty());
+
+        // The configured schedule changes: drift until migrate applies it.
+        let every_ten = store("*/10 * * * *").await.expect("build");
+        let drift = every_ten.status().await.expect("status");
+        assert!(
+            drift
+                .problems()
+                .iter()
+                .any(|p| p.contains("\"0 * * * *\"") && p.contains("*/10")),
+            "{:?}",
+            drift.problems()
+        );
+        every_ten.migrate().await.expect("migrate");
+        let status = every_ten.status().await.expect("status");
+        assert!(status.problems().is_empty(), "{:?}", status.problems());
+        let jobs: i64 = client
+            .query_one("SELECT count(*) FROM cron.job WHERE jobname = $1", &[&job])
+            .await
+            .expect("count jobs")
+            .get(0);
+        assert_eq!(jobs, 1, "one job, rescheduled in place");
+    }
+
     /// The pg_cron migration schedules the purge, and a run of the job deletes exactly the expired
     /// rows. pg_cron's shortest interval is one minute, so this waits up to ~90 s.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,7 @@
 mod builder;
 mod error;
 mod reply;
+mod status;
 mod store;
 
 use redis::Script;
@@ -45,6 +46,7 @@ use std::sync::LazyLock;
 pub use builder::RedisStoreBuilder;
 pub use error::RedisStoreError;
 pub use redis;
+pub use status::ServerInfo;
 pub use store::RedisStore;
 
 /// The default key prefix.

@@ -1,0 +1,253 @@
+//! What the server and the table look like now: for `idempotency check`, health checks, and
+//! operators.
+
+use crate::error::PostgresStoreError;
+use crate::migrate::MIGRATIONS;
+use crate::store::PostgresStore;
+use std::fmt;
+
+/// The state of the store's table and its surroundings, read by [`PostgresStore::status`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStatus {
+    /// `SELECT version()`.
+    pub server_version: String,
+    /// The database connected to.
+    pub database: String,
+    /// The quoted, schema-qualified table name.
+    pub table: String,
+    /// The table's persistence as found (`UNLOGGED` / `LOGGED`), or `None` when it does not exist.
+    pub persistence: Option<&'static str>,
+    /// The persistence the store is configured for.
+    pub expected_persistence: &'static str,
+    /// Migrations recorded as applied.
+    pub applied: Vec<i32>,
+    /// Migrations not applied yet (the pg_cron one only where pg_cron is installed).
+    pub pending: Vec<&'static str>,
+    /// The pg_cron purge job as found in `cron.job`.
+    pub purge: PurgeStatus,
+    /// The schedule the store is configured to give the purge job.
+    pub expected_schedule: String,
+}
+
+/// The pg_cron purge job, as `cron.job` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PurgeStatus {
+    /// pg_cron is not installed in this database: purge with `purge_expired` (or
+    /// `idempotency purge`) instead.
+    PgCronNotInstalled,
+    /// pg_cron is installed but no job of this name exists (never scheduled, or unscheduled).
+    Missing {
+        /// The job's expected name.
+        job_name: String,
+    },
+    /// The job exists.
+    Scheduled {
+        /// Its name.
+        job_name: String,
+        /// Its schedule in `cron.job`.
+        schedule: String,
+        /// Whether it is active.
+        active: bool,
+    },
+}
+
+impl StoreStatus {
+    /// What is wrong, as sentences an operator can act on; empty when nothing is.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        match self.persistence {
+            None => problems.push(format!(
+                "table {} does not exist: run `idempotency migrate` (or the SQL of migrations/)",
+                self.table
+            )),
+            Some(found) if found != self.expected_persistence => problems.push(format!(
+                "table {} is {found}, but the store is configured for {}",
+                self.table, self.expected_persistence
+            )),
+            Some(_) => {}
+        }
+        if !self.pending.is_empty() && self.persistence.is_some() {
+            problems.push(format!(
+                "migrations not applied: {} (run `idempotency migrate`)",
+                self.pending.join(", ")
+            ));
+        }
+        match &self.purge {
+            PurgeStatus::PgCronNotInstalled => {}
+            PurgeStatus::Missing { job_name } => problems.push(format!(
+                "the pg_cron purge job {job_name:?} is missing from cron.job: run \
+                 `idempotency migrate` to schedule it again"
+            )),
+            PurgeStatus::Scheduled {
+                job_name,
+                schedule,
+                active,
+            } => {
+                if schedule != &self.expected_schedule {
+                    problems.push(format!(
+                        "the pg_cron purge job {job_name:?} runs on {schedule:?}, not the configured \
+                         {:?}: run `idempotency migrate` to apply the configured schedule",
+                        self.expected_schedule
+                    ));
+                }
+                if !active {
+                    problems.push(format!("the pg_cron purge job {job_name:?} is not active"));
+                }
+            }
+        }
+        problems
+    }
+}
+
+impl fmt::Display for StoreStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "server: {} (primary, writable)", self.server_version)?;
+        writeln!(f, "database: {}", self.database)?;
+        match self.persistence {
+            Some(found) => writeln!(f, "table: {} ({found})", self.table)?,
+            None => writeln!(f, "table: {} (missing)", self.table)?,
+        }
+        writeln!(f, "migrations applied: {:?}", self.applied)?;
+        match &self.purge {
+            PurgeStatus::PgCronNotInstalled => writeln!(
+                f,
+                "purge: pg_cron is not installed here; run `idempotency purge` periodically"
+            ),
+            PurgeStatus::Missing { job_name } => {
+                writeln!(f, "purge: pg_cron job {job_name:?} missing")
+            }
+            PurgeStatus::Scheduled {
+                job_name,
+                schedule,
+                active,
+            } => writeln!(
+                f,
+                "purge: pg_cron job {job_name:?} on {schedule:?}{}",
+                if *active { "" } else { " (inactive)" }
+            ),
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Reads the state of the table, its migrations and its pg_cron purge job (from `cron.job`,
+    /// so a job someone unscheduled or changed shows). Reads only.
+    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
+        let name = &self.inner.name;
+        let client = self.inner.pool.get().await?;
+        let row = client
+            .query_typed_one(
+                "SELECT version(), current_database(), \
+                   (SELECT c.relpersistence::text FROM pg_class c \
+                      JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE n.nspname = $1 AND c.relname = $2), \
+                   to_regclass($3) IS NOT NULL, \
+                   EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron')",
+                &[
+                    (&name.schema, tokio_postgres::types::Type::TEXT),
+                    (&name.table, tokio_postgres::types::Type::TEXT),
+                    (&name.migrations_table(), tokio_postgres::types::Type::TEXT),
+                ],
+            )
+            .await?;
+        let persistence = row.get::<_, Option<String>>(2).map(|p| match p.as_str() {
+            "u" => "UNLOGGED",
+            _ => "LOGGED",
+        });
+        let history: bool = row.get(3);
+        let pg_cron: bool = row.get(4);
+        let applied: Vec<i32> = if history {
+            client
+                .query_typed(
+                    &format!(
+                        "SELECT version FROM {} ORDER BY version",
+                        name.migrations_table()
+                    ),
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let pending = MIGRATIONS
+            .iter()
+            .filter(|m| m.version == 1 || pg_cron)
+            .filter(|m| !applied.contains(&m.version))
+            .map(|m| m.name)
+            .collect();
+        let job_name = name.purge_job_name();
+        let purge = if pg_cron {
+            let job = client
+                .query_typed_opt(
+                    "SELECT schedule, active FROM cron.job WHERE jobname = $1",
+                    &[(&job_name, tokio_postgres::types::Type::TEXT)],
+                )
+                .await?;
+            match job {
+                Some(job) => PurgeStatus::Scheduled {
+                    job_name,
+                    schedule: job.get(0),
+                    active: job.get(1),
+                },
+                None => PurgeStatus::Missing { job_name },
+            }
+        } else {
+            PurgeStatus::PgCronNotInstalled
+        };
+        Ok(StoreStatus {
+            server_version: row.get(0),
+            database: row.get(1),
+            table: name.qualified(),
+            persistence,
+            expected_persistence: self.inner.mode.persistence_name(),
+            applied,
+            pending,
+            purge,
+            expected_schedule: self.inner.purge_schedule.clone(),
+        })
+    }
+}
+
+impl PostgresStore {
+    /// When the live record of `(scope, key)` was created and how long until it expires (its
+    /// lease while in flight, its retention once completed); `None` when it is absent. For
+    /// operators (`idempotency inspect`).
+    pub async fn record_times(
+        &self,
+        scope: &idempotency_core::Scope,
+        key: &idempotency_core::IdempotencyKey,
+    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
+        use tokio_postgres::types::Type;
+        let client = self.inner.pool.get().await?;
+        let row = client
+            .query_typed_opt(
+                &format!(
+                    "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
+                            (extract(epoch FROM expires_at - now()) * 1000)::bigint \
+                     FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+                    self.inner.name.qualified()
+                ),
+                &[(&scope.as_str(), Type::TEXT), (&key.as_str(), Type::TEXT)],
+            )
+            .await?;
+        Ok(row.map(|row| RecordTimes {
+            created_at: row.get(0),
+            expires_in: std::time::Duration::from_millis(row.get::<_, i64>(1).max(0) as u64),
+        }))
+    }
+}
+
+/// When a record was made and when it goes (see [`PostgresStore::record_times`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordTimes {
+    /// Creation time, RFC 3339 in UTC.
+    pub created_at: String,
+    /// Time left until it expires.
+    pub expires_in: std::time::Duration,
+}
