@@ -187,7 +187,7 @@ pub async fn purge_periodically<S: IdempotencyStore + ?Sized>(
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(backend = store.backend(), %error, "purge of expired idempotency records failed");
+                    tracing::warn!(backend = store.backend(), error = %crate::ErrorChain(&error), "purge of expired idempotency records failed");
                     break;
                 }
             }

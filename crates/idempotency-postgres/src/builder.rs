@@ -170,7 +170,7 @@ impl PostgresStoreBuilder {
                         Box::pin(async move {
                             // Before `migrate` the table does not exist yet: not a loss.
                             if let Err(error) = watch.check(client).await {
-                                tracing::debug!(%error, "could not check the state sentinel");
+                                tracing::debug!(error = %idempotency_core::ErrorChain(&error), "could not check the state sentinel");
                             }
                             Ok(())
                         })

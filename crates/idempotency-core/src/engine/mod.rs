@@ -185,7 +185,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     return match seen_running {
                         Some(retry_after) => {
                             tracing::debug!(
-                                %error,
+                                error = %crate::ErrorChain(&error),
                                 "the store failed while waiting for a running duplicate; answering in flight"
                             );
                             Ok(Begin::InFlight { retry_after })
