@@ -347,6 +347,80 @@ impl DemoProcess {
     pub async fn kill(mut self) {
         self.child.kill().await.unwrap();
     }
+
+    /// SIGTERM, then waits up to `within` for the process to exit on its own; its exit status.
+    pub async fn terminate(mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self
+            .child
+            .id()
+            .expect("the demo is still running")
+            .to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the demo did not exit within {within:?} of SIGTERM"))
+            .unwrap()
+    }
+}
+
+/// A database of its own on the shared PostgreSQL server (the one `IDEMPOTENCY_TEST_POSTGRES_URL`
+/// names), for tests that run the demo as a child process; dropped with
+/// [`TestDatabase::drop`].
+#[derive(Debug)]
+pub struct TestDatabase {
+    name: String,
+    url: String,
+}
+
+impl TestDatabase {
+    /// Creates `<prefix>_<random>`.
+    pub async fn create(prefix: &str) -> TestDatabase {
+        let admin = postgres_url();
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        connect_postgres(&admin)
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let url = match admin.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("IDEMPOTENCY_TEST_POSTGRES_URL must name a database: {admin}"),
+        };
+        TestDatabase { name, url }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A new connection to it.
+    pub async fn connect(&self) -> idempotency::postgres::tokio_postgres::Client {
+        connect_postgres(&self.url).await
+    }
+
+    /// Drops it, closing the connections still open to it.
+    pub async fn drop(self) {
+        connect_postgres(&postgres_url())
+            .await
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .await
+            .unwrap();
+    }
+}
+
+/// A connection to `url`; a test fails with how to start the server when it is unreachable.
+pub async fn connect_postgres(url: &str) -> idempotency::postgres::tokio_postgres::Client {
+    use idempotency::postgres::tokio_postgres;
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+    tokio::spawn(connection);
+    client
 }
 
 /// Over real HTTP to the demo at `addr`: creates a task with a fresh key, sends it again, and lists the user's tasks: 201, a replayed

@@ -11,9 +11,7 @@ mod postgres {
     use hyper_util::client::legacy::Client;
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::TokioExecutor;
-    use idempotency::postgres::tokio_postgres::{self, NoTls};
-    use idempotency_e2e::DemoProcess;
-    use idempotency_testkit::env::{postgres_url, server_unreachable};
+    use idempotency_e2e::{DemoProcess, TestDatabase as Database};
     use std::net::SocketAddr;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -26,59 +24,21 @@ mod postgres {
     /// their keys.
     const CRASH_LEASE: &str = "2";
 
-    /// A database of its own on the shared server, dropped at the end.
-    struct Database {
-        name: String,
-        url: String,
-    }
-
-    impl Database {
-        async fn create() -> Database {
-            let admin = postgres_url();
-            let name = format!("idem_once_{}", uuid::Uuid::new_v4().simple());
-            let client = connect(&admin).await;
-            client
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .await
-                .unwrap();
-            let url = match admin.rsplit_once('/') {
-                Some((server, _)) => format!("{server}/{name}"),
-                None => panic!("IDEMPOTENCY_TEST_POSTGRES_URL must name a database: {admin}"),
-            };
-            Database { name, url }
-        }
-
-        /// Of `keys` (each the title of its task), how many have more than one task, and how many
-        /// have a task at all.
-        async fn tasks_per_key(&self, keys: &[String]) -> (i64, i64) {
-            let client = connect(&self.url).await;
-            let row = client
-                .query_one(
-                    "SELECT count(*) FILTER (WHERE n > 1), count(*) \
+    /// Of `keys` (each the title of its task), how many have more than one task, and how many
+    /// have a task at all.
+    async fn tasks_per_key(db: &Database, keys: &[String]) -> (i64, i64) {
+        let row = db
+            .connect()
+            .await
+            .query_one(
+                "SELECT count(*) FILTER (WHERE n > 1), count(*) \
                  FROM (SELECT title, count(*) AS n FROM tasks \
                        WHERE title = ANY($1) GROUP BY title) per_key",
-                    &[&keys],
-                )
-                .await
-                .unwrap();
-            (row.get(0), row.get(1))
-        }
-
-        async fn drop(self) {
-            let client = connect(&postgres_url()).await;
-            client
-                .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
-                .await
-                .unwrap();
-        }
-    }
-
-    async fn connect(url: &str) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
+                &[&keys],
+            )
             .await
-            .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-        tokio::spawn(connection);
-        client
+            .unwrap();
+        (row.get(0), row.get(1))
     }
 
     /// The demo service as a child process.
@@ -138,7 +98,7 @@ mod postgres {
     /// every key to a 201, and returns (keys with two or more tasks, keys sent).
     async fn crash_under_load(db: &Database, extra: &[&str]) -> (i64, usize) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-        let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
+        let demo = Demo::start(db.url(), CRASH_LEASE, extra).await;
         let sent: Sent = Arc::default();
         let mut clients = Vec::new();
         for _ in 0..CLIENTS {
@@ -162,7 +122,7 @@ mod postgres {
         for c in clients {
             c.await.unwrap();
         }
-        let demo = Demo::start(&db.url, CRASH_LEASE, extra).await;
+        let demo = Demo::start(db.url(), CRASH_LEASE, extra).await;
         let sent = sent.lock().unwrap().clone();
         retry_all(&client, demo.addr, &sent).await;
         demo.kill().await;
@@ -199,7 +159,7 @@ mod postgres {
     /// Keys with two or more tasks; checks that every sent key has one.
     async fn count_doubled(db: &Database, sent: &[(String, String)]) -> i64 {
         let keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
-        let (doubled, with_task) = db.tasks_per_key(&keys).await;
+        let (doubled, with_task) = tasks_per_key(db, &keys).await;
         assert_eq!(
             with_task as usize,
             sent.len(),
@@ -212,7 +172,7 @@ mod postgres {
     /// `UPDATE` for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
     async fn key_table_refuses_updates(db: &Database, lease: &str, extra: &[&str]) -> (i64, usize) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-        let demo = Demo::start(&db.url, lease, extra).await;
+        let demo = Demo::start(db.url(), lease, extra).await;
         let sent: Sent = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut clients = Vec::new();
@@ -228,7 +188,7 @@ mod postgres {
                 }
             }));
         }
-        let admin = connect(&db.url).await;
+        let admin = db.connect().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         admin
             .batch_execute(
@@ -261,7 +221,7 @@ mod postgres {
     /// transaction, no key gets two tasks, over three crashes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_crash_under_load_never_creates_a_task_twice() {
-        let db = Database::create().await;
+        let db = Database::create("idem_once").await;
         let mut total = 0;
         for run in 1..=3 {
             let (doubled, sent) = crash_under_load(&db, &[]).await;
@@ -284,7 +244,7 @@ mod postgres {
     /// the duplicates that transactional completion removes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn without_the_transaction_the_same_crash_creates_duplicates() {
-        let db = Database::create().await;
+        let db = Database::create("idem_once").await;
         let mut found = 0;
         for run in 1..=10 {
             let (doubled, sent) = crash_under_load(&db, &["--tasks-outside-transaction"]).await;
@@ -305,7 +265,7 @@ mod postgres {
     /// transaction, a refused completion rolls the task back and the retry creates it once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_table_refusing_updates_never_creates_a_task_twice() {
-        let db = Database::create().await;
+        let db = Database::create("idem_once").await;
         let (doubled, sent) = key_table_refuses_updates(&db, "10", &[]).await;
         eprintln!("transactional: {sent} keys, {doubled} with two tasks");
         assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
@@ -317,7 +277,7 @@ mod postgres {
     /// again, within the lease; no key gets a second task either.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn outside_the_transaction_a_failed_completion_keeps_the_key() {
-        let db = Database::create().await;
+        let db = Database::create("idem_once").await;
         let (doubled, sent) =
             key_table_refuses_updates(&db, "10", &["--tasks-outside-transaction"]).await;
         eprintln!("non-transactional: {sent} keys, {doubled} with two tasks");

@@ -67,9 +67,23 @@ impl Fingerprint {
         body: &[u8],
         canonicalization: BodyCanonicalization,
     ) -> Self {
-        let canonical = match canonicalization {
+        let spec = FingerprintSpec::new().body(canonicalization);
+        Self::with_spec(&spec, method, path_and_query, &http::HeaderMap::new(), body)
+    }
+
+    /// Fingerprints a request as [`FingerprintSpec`] `spec` says.
+    fn with_spec(
+        spec: &FingerprintSpec,
+        method: &str,
+        path_and_query: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Self {
+        let canonical = match spec.canonicalization {
             BodyCanonicalization::Raw => None,
-            BodyCanonicalization::Json => crate::canonical_json::canonicalize(body),
+            BodyCanonicalization::Json => {
+                crate::json::parse(body).map(|json| spec.projection.apply(json).canonical())
+            }
         };
         let (algorithm, body) = match &canonical {
             Some(c) => (FingerprintAlgorithm::Sha256CanonicalJson, c.as_slice()),
@@ -79,9 +93,34 @@ impl Fingerprint {
         hasher.update(b"idempotency-fingerprint-v1");
         hasher.update([algorithm as u8]);
         // Length-prefix every part so that ("PO", "ST/x") and ("POST", "/x") differ.
-        for part in [method.as_bytes(), path_and_query.as_bytes(), body] {
-            hasher.update((part.len() as u64).to_be_bytes());
-            hasher.update(part);
+        let mut part = |bytes: &[u8]| {
+            hasher.update((bytes.len() as u64).to_be_bytes());
+            hasher.update(bytes);
+        };
+        part(method.as_bytes());
+        part(path_and_query.as_bytes());
+        part(body);
+        // What the spec adds is hashed after the default parts, each tagged, so a spec that adds
+        // nothing gives the default fingerprint, and specs that differ give different ones.
+        for name in &spec.headers {
+            part(b"header");
+            part(name.as_str().as_bytes());
+            for value in headers.get_all(name) {
+                part(value.as_bytes());
+            }
+        }
+        if canonical.is_some() {
+            match &spec.projection {
+                crate::json::Projection::Whole => {}
+                crate::json::Projection::Ignore(pointers) => {
+                    part(b"ignore");
+                    pointers.iter().for_each(|p| part(p.as_str().as_bytes()));
+                }
+                crate::json::Projection::Keep(pointers) => {
+                    part(b"keep");
+                    pointers.iter().for_each(|p| part(p.as_str().as_bytes()));
+                }
+            }
         }
         Fingerprint {
             algorithm,
@@ -134,6 +173,76 @@ impl fmt::Debug for Fingerprint {
 
 #[cfg(test)]
 mod tests {
+    /// Records stored before fingerprints could be configured must still match: the default
+    /// spec digests exactly what the first version did.
+    #[test]
+    fn the_default_spec_keeps_the_first_versions_digest() {
+        use sha2::{Digest, Sha256};
+        let (method, path, body) = ("POST", "/tasks?x=1", br#"{"b":1,"a":2}"#.as_slice());
+        let canonical = br#"{"a":2,"b":1}"#;
+        let mut first = Sha256::new();
+        first.update(b"idempotency-fingerprint-v1");
+        first.update([FingerprintAlgorithm::Sha256CanonicalJson as u8]);
+        for part in [method.as_bytes(), path.as_bytes(), canonical] {
+            first.update((part.len() as u64).to_be_bytes());
+            first.update(part);
+        }
+        let digest: [u8; 32] = first.finalize().into();
+        let now = Fingerprint::of_request(method, path, body, BodyCanonicalization::Json);
+        assert_eq!(now.digest(), &digest);
+        let spec = FingerprintSpec::new().fingerprint(method, path, &http::HeaderMap::new(), body);
+        assert_eq!(spec, now);
+    }
+
+    #[test]
+    fn a_spec_counts_its_headers_and_projections() {
+        let mut v1 = http::HeaderMap::new();
+        v1.insert("api-version", "1".parse().unwrap());
+        let mut v2 = http::HeaderMap::new();
+        v2.insert("api-version", "2".parse().unwrap());
+        let none = http::HeaderMap::new();
+        let body = br#"{"item":"tea","sent_at":1}"#;
+        let plain = FingerprintSpec::new();
+        let versioned = FingerprintSpec::new().header(http::HeaderName::from_static("api-version"));
+        assert_eq!(
+            plain.fingerprint("POST", "/o", &v1, body),
+            plain.fingerprint("POST", "/o", &v2, body)
+        );
+        assert_ne!(
+            versioned.fingerprint("POST", "/o", &v1, body),
+            versioned.fingerprint("POST", "/o", &v2, body)
+        );
+        assert_ne!(
+            versioned.fingerprint("POST", "/o", &v1, body),
+            versioned.fingerprint("POST", "/o", &none, body)
+        );
+        assert_ne!(
+            versioned.fingerprint("POST", "/o", &none, body),
+            plain.fingerprint("POST", "/o", &none, body)
+        );
+        let ignoring = FingerprintSpec::new().ignore_json("/sent_at").unwrap();
+        let later = br#"{"sent_at":2, "item":"tea"}"#;
+        assert_eq!(
+            ignoring.fingerprint("POST", "/o", &none, body),
+            ignoring.fingerprint("POST", "/o", &none, later)
+        );
+        assert_ne!(
+            plain.fingerprint("POST", "/o", &none, body),
+            plain.fingerprint("POST", "/o", &none, later)
+        );
+        let other_item = br#"{"item":"coffee","sent_at":1}"#;
+        assert_ne!(
+            ignoring.fingerprint("POST", "/o", &none, body),
+            ignoring.fingerprint("POST", "/o", &none, other_item)
+        );
+        let keeping = FingerprintSpec::new().keep_json("/item").unwrap();
+        assert_eq!(
+            keeping.fingerprint("POST", "/o", &none, body),
+            keeping.fingerprint("POST", "/o", &none, later)
+        );
+        assert!(FingerprintSpec::new().ignore_json("sent_at").is_err());
+    }
+
     use super::*;
     use BodyCanonicalization::{Json, Raw};
 
@@ -173,5 +282,101 @@ mod tests {
         assert!(Fingerprint::from_bytes(&[]).is_err());
         assert!(Fingerprint::from_bytes(&[9; 33]).is_err());
         assert!(Fingerprint::from_bytes(&[1; 32]).is_err());
+    }
+}
+
+/// Which parts of a request make its fingerprint, so "the same request" means what your API
+/// means. The default is method, path and query, and the body with JSON canonicalised
+/// ([`Fingerprint::of_request`] with [`BodyCanonicalization::Json`]). Add headers that change
+/// the meaning (an API version), ignore body fields a client may change on retry (a timestamp),
+/// or count only some fields:
+///
+/// ```
+/// use idempotency_core::FingerprintSpec;
+/// use http::{HeaderMap, HeaderName};
+///
+/// let spec = FingerprintSpec::new()
+///     .header(HeaderName::from_static("api-version"))
+///     .ignore_json("/sent_at")?;
+/// let headers = HeaderMap::new();
+/// let a = spec.fingerprint("POST", "/orders", &headers, br#"{"item":"tea","sent_at":1}"#);
+/// let b = spec.fingerprint("POST", "/orders", &headers, br#"{"sent_at":2,"item":"tea"}"#);
+/// assert_eq!(a, b);
+/// # Ok::<(), idempotency_core::JsonPointerError>(())
+/// ```
+///
+/// Changing the spec of a running service changes fingerprints: retries of requests made before
+/// the change are refused as different requests (422) until their records expire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FingerprintSpec {
+    canonicalization: BodyCanonicalization,
+    headers: Vec<http::HeaderName>,
+    projection: crate::json::Projection,
+}
+
+impl Default for FingerprintSpec {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FingerprintSpec {
+    /// Method, path and query, and the body with JSON canonicalised.
+    pub fn new() -> Self {
+        FingerprintSpec {
+            canonicalization: BodyCanonicalization::Json,
+            headers: Vec::new(),
+            projection: crate::json::Projection::Whole,
+        }
+    }
+
+    /// How the body enters (default [`BodyCanonicalization::Json`]). Projections of JSON bodies
+    /// apply with `Json` only.
+    pub fn body(mut self, canonicalization: BodyCanonicalization) -> Self {
+        self.canonicalization = canonicalization;
+        self
+    }
+
+    /// Counts the values of header `name`, in order (absent and empty differ).
+    pub fn header(mut self, name: http::HeaderName) -> Self {
+        if !self.headers.contains(&name) {
+            self.headers.push(name);
+        }
+        self
+    }
+
+    /// Ignores the part of a JSON body at `pointer` (RFC 6901, e.g. `/meta/sent_at`): object
+    /// members are dropped, array elements count as `null`. Repeatable. Bodies that are not JSON
+    /// count whole.
+    pub fn ignore_json(mut self, pointer: &str) -> Result<Self, crate::JsonPointerError> {
+        let pointer = crate::JsonPointer::parse(pointer)?;
+        match &mut self.projection {
+            crate::json::Projection::Ignore(pointers) => pointers.push(pointer),
+            other => *other = crate::json::Projection::Ignore(vec![pointer]),
+        }
+        Ok(self)
+    }
+
+    /// Counts only the parts of a JSON body at the pointers given this way, with the objects
+    /// around them (a pointer that reaches an array counts it whole). Repeatable; replaces
+    /// [`FingerprintSpec::ignore_json`].
+    pub fn keep_json(mut self, pointer: &str) -> Result<Self, crate::JsonPointerError> {
+        let pointer = crate::JsonPointer::parse(pointer)?;
+        match &mut self.projection {
+            crate::json::Projection::Keep(pointers) => pointers.push(pointer),
+            other => *other = crate::json::Projection::Keep(vec![pointer]),
+        }
+        Ok(self)
+    }
+
+    /// The fingerprint of a request: `path_and_query` is the request target (`/tasks?draft=1`).
+    pub fn fingerprint(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Fingerprint {
+        Fingerprint::with_spec(self, method, path_and_query, headers, body)
     }
 }

@@ -41,10 +41,10 @@
 //! # Ok(()) }
 //! ```
 
-mod canonical_json;
 mod engine;
 mod error;
 mod fingerprint;
+mod json;
 mod key;
 mod record;
 mod response;
@@ -53,13 +53,17 @@ mod state_loss;
 mod store;
 mod transaction;
 
+#[cfg(feature = "axum")]
+pub use engine::LeaseRejection;
 pub use engine::{
-    Begin, Completion, Engine, EngineConfig, Guard, Lease, ReplayPolicy, RollbackCause,
+    Begin, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy, RollbackCause,
 };
 pub use error::{BoxError, CorruptRecord, ErrorChain, StoreError};
 pub use fingerprint::{
     BodyCanonicalization, FINGERPRINT_LEN, Fingerprint, FingerprintAlgorithm, FingerprintError,
+    FingerprintSpec,
 };
+pub use json::{JsonPointer, JsonPointerError};
 pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};

@@ -26,6 +26,17 @@ struct Args {
     /// task and its stored response makes the retry create a second task).
     #[arg(long)]
     tasks_outside_transaction: bool,
+    /// On shutdown (Ctrl-C, SIGTERM), how long to wait for running requests to finish and
+    /// their responses to be stored.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]
+    drain_timeout: std::time::Duration,
+}
+
+fn drain_seconds(value: &str) -> Result<std::time::Duration, String> {
+    let seconds: f64 = value
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {value}"))?;
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{value}: {e}"))
 }
 
 /// Seconds from the command line as a duration, or a message saying what is wrong.
@@ -59,10 +70,23 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "listening on http://{} (store: {scheme_only})",
         listener.local_addr()?
     );
-    axum::serve(listener, app)
+    axum::serve(listener, app.router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
-    tracing::info!("stopped");
+    // The server has answered every connection it had; handlers whose client left run on
+    // their own, and responses may still be being stored in the background. Wait for them, so a
+    // deploy cuts no side effect in half and leaves no key claimed until its lease runs out.
+    let running = app.drain.running();
+    if running > 0 {
+        tracing::info!(running, "waiting for detached requests to finish");
+    }
+    match tokio::time::timeout(args.drain_timeout, app.drain.drained()).await {
+        Ok(()) => tracing::info!("stopped"),
+        Err(_) => tracing::warn!(
+            running = app.drain.running(),
+            "stopped before every request finished; their keys stay claimed until their lease runs out"
+        ),
+    }
     Ok(())
 }
 

@@ -10,9 +10,13 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let app = idempotency_demo::build_app("memory").await?;
+//! let app = idempotency_demo::build_app_with("memory", &Default::default()).await?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! axum::serve(listener, app).await?;
+//! axum::serve(listener, app.router)
+//!     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! // Requests whose client left are still running: let them finish and store their responses.
+//! let _ = tokio::time::timeout(std::time::Duration::from_secs(30), app.drain.drained()).await;
 //! # Ok(()) }
 //! ```
 
@@ -26,7 +30,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
-use idempotency::{IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope, Tx};
+use idempotency::{
+    Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope, Tx,
+};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,15 +87,26 @@ impl Default for Options {
     }
 }
 
+/// The demo's routes and what its shutdown waits for.
+#[derive(Debug)]
+pub struct App {
+    /// The task API, behind authentication and the idempotency layer.
+    pub router: Router,
+    /// Awaited after the server stops accepting requests: handlers still running (those whose
+    /// client left included) finish and their responses are stored, so a deploy never cuts a
+    /// side effect in half or leaves a key claimed until its lease runs out.
+    pub drain: Drain,
+}
+
 /// The app on the store named by `store_url` (`memory`, `postgres://...`, `redis://...`). With
 /// PostgreSQL, tasks live in a `tasks` table in the same database, so several demo processes
 /// share tasks and keys; otherwise tasks live in this process.
 pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
-    build_app_with(store_url, &Options::default()).await
+    Ok(build_app_with(store_url, &Options::default()).await?.router)
 }
 
-/// [`build_app`] with `options`.
-pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router, DemoError> {
+/// [`build_app`] with `options`, and the handle its shutdown waits on.
+pub async fn build_app_with(store_url: &str, options: &Options) -> Result<App, DemoError> {
     let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
         let store = PostgresStore::builder(store_url)
             .pool_size(32)
@@ -111,21 +128,18 @@ pub async fn build_app_with(store_url: &str, options: &Options) -> Result<Router
 
 /// The app on a given idempotency store and task storage.
 pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
-    router_with(store, tasks, &Options::default())
+    router_with(store, tasks, &Options::default()).router
 }
 
-/// [`router`] with `options`.
-pub fn router_with(
-    store: Arc<dyn IdempotencyStore>,
-    tasks: TaskStore,
-    options: &Options,
-) -> Router {
+/// [`router`] with `options`, and the handle its shutdown waits on.
+pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: &Options) -> App {
     let idempotency = IdempotencyLayer::builder(store)
         .scope_from_extension::<UserId>()
         .lease(options.lease)
         .retention(options.retention)
         .build();
-    Router::new()
+    let drain = idempotency.drain();
+    let router = Router::new()
         .route("/tasks", get(list_tasks).post(create_task))
         .route(
             "/tasks/{id}",
@@ -134,7 +148,8 @@ pub fn router_with(
         .layer(idempotency)
         // Added last, so it runs first: the idempotency layer needs the user.
         .layer(middleware::from_fn(authenticate))
-        .with_state(tasks)
+        .with_state(tasks);
+    App { router, drain }
 }
 
 /// An RFC 9457 problem response.

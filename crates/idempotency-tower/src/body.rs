@@ -27,6 +27,79 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// The body of a request the layer hands to the inner service: the bytes it read, for a request
+/// it covers, or the original body, for one it passes through. Any request body type goes in
+/// (hyper's `Incoming`, axum's `Body`, ...); the inner service takes this one (axum's routes take
+/// any body).
+#[derive(Debug)]
+pub struct RequestBody(RequestBodyInner);
+
+enum RequestBodyInner {
+    Read(Full<Bytes>),
+    Passed(UnsyncBoxBody<Bytes, BoxError>),
+}
+
+impl std::fmt::Debug for RequestBodyInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestBodyInner::Read(_) => f.write_str("Read"),
+            RequestBodyInner::Passed(_) => f.write_str("Passed"),
+        }
+    }
+}
+
+impl RequestBody {
+    /// A body of `bytes`, already read.
+    pub fn from_bytes(bytes: Bytes) -> Self {
+        RequestBody(RequestBodyInner::Read(Full::new(bytes)))
+    }
+
+    /// Any body, passed on as it streams.
+    pub fn new<B>(body: B) -> Self
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        use bytes::Buf;
+        let body = body
+            .map_frame(|frame| frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
+            .map_err(Into::into)
+            .boxed_unsync();
+        RequestBody(RequestBodyInner::Passed(body))
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.0 {
+            RequestBodyInner::Read(full) => std::pin::Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            RequestBodyInner::Passed(body) => std::pin::Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.0 {
+            RequestBodyInner::Read(full) => full.is_end_stream(),
+            RequestBodyInner::Passed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.0 {
+            RequestBodyInner::Read(full) => full.size_hint(),
+            RequestBodyInner::Passed(body) => body.size_hint(),
+        }
+    }
+}
+
 /// Why a request body was not read.
 pub(crate) enum ReadError {
     /// Longer than the limit: ours, or one an outer layer (axum's `DefaultBodyLimit`,

@@ -1,8 +1,9 @@
 //! What the layer is configured with, shared by every service it makes.
 
+use crate::refusal::{RenderRefusal, problem_json, stripe_error};
 use http::request::Parts;
 use http::{HeaderName, Method};
-use idempotency_core::{BodyCanonicalization, Engine, KeyFormat, Scope};
+use idempotency_core::{Engine, FingerprintSpec, KeyFormat, Scope};
 use std::fmt;
 use std::sync::Arc;
 
@@ -22,6 +23,8 @@ pub enum Profile {
 pub(crate) const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:idempotency:problem:";
 
 type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+pub(crate) type CoverFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 /// Where the scope (the authenticated principal) of a request comes from. Chosen on the
 /// builder; the layer cannot be built without it.
@@ -43,7 +46,7 @@ impl fmt::Debug for ScopeSource {
 }
 
 /// The layer's HTTP settings (the protocol's are the engine's).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
@@ -53,8 +56,32 @@ pub(crate) struct Settings {
     pub(crate) max_stored_body: usize,
     pub(crate) fail_open: bool,
     pub(crate) profile: Profile,
-    pub(crate) canonicalization: BodyCanonicalization,
+    pub(crate) fingerprint: FingerprintSpec,
+    /// Where the key comes from, when not the header.
+    pub(crate) key_with: Option<KeyFn>,
+    /// Which requests are covered, beyond their method.
+    pub(crate) cover_if: Option<CoverFn>,
     pub(crate) problem_type_base: String,
+    /// Writes refusals; `None`: the profile's default.
+    pub(crate) render: Option<RenderRefusal>,
+    /// The header a replay is marked with.
+    pub(crate) replay_header: HeaderName,
+}
+
+impl Settings {
+    /// The renderer refusals go through: the configured one, or the profile's.
+    pub(crate) fn renderer(&self) -> RenderRefusal {
+        if let Some(render) = &self.render {
+            return Arc::clone(render);
+        }
+        match self.profile {
+            Profile::Ietf => {
+                let base = self.problem_type_base.clone();
+                Arc::new(move |refusal| problem_json(refusal, &base))
+            }
+            Profile::Stripe => Arc::new(stripe_error),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -68,9 +95,23 @@ impl Default for Settings {
             max_stored_body: 1024 * 1024,
             fail_open: false,
             profile: Profile::Ietf,
-            canonicalization: BodyCanonicalization::Json,
+            fingerprint: FingerprintSpec::new(),
+            key_with: None,
+            cover_if: None,
             problem_type_base: DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
+            render: None,
+            replay_header: idempotency_core::IDEMPOTENT_REPLAYED,
         }
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("header", &self.header)
+            .field("methods", &self.methods)
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
     }
 }
 
@@ -79,4 +120,6 @@ pub(crate) struct Shared<S> {
     pub(crate) engine: Engine<S>,
     pub(crate) scope: ScopeSource,
     pub(crate) settings: Settings,
+    /// `settings.renderer()`, resolved once.
+    pub(crate) render: RenderRefusal,
 }

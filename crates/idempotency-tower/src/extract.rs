@@ -1,7 +1,7 @@
 //! axum extractors (feature `axum`).
 
 use crate::config::Profile;
-use crate::problem::Problem;
+use crate::refusal::{Problem, problem_json, render};
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
@@ -108,8 +108,9 @@ impl IntoResponse for TxRejection {
                 Problem::TransactionUnavailable
             }
         };
-        problem
-            .into_response(Profile::default(), crate::config::DEFAULT_PROBLEM_TYPE_BASE)
-            .map(axum_core::body::Body::new)
+        let renderer: crate::RenderRefusal = std::sync::Arc::new(|refusal| {
+            problem_json(refusal, crate::config::DEFAULT_PROBLEM_TYPE_BASE)
+        });
+        render(&problem.refusal(Profile::default()), &renderer).map(axum_core::body::Body::new)
     }
 }

@@ -61,6 +61,23 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     pub fn engine(&self) -> &Engine<S> {
         &self.shared.engine
     }
+
+    /// What a server's graceful shutdown awaits after it stops accepting requests: every request
+    /// the layer runs (a handler moved to its own task when its client left included) and the
+    /// engine's background work (responses stored or keys released after a store failure), so
+    /// nothing is cut in half and no key is left claimed.
+    ///
+    /// ```no_run
+    /// # async fn run(app: axum::Router, layer: idempotency_tower::IdempotencyLayer<idempotency_memory::MemoryStore>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    /// let drain = layer.drain();
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+    /// axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    /// let _ = tokio::time::timeout(std::time::Duration::from_secs(30), drain.drained()).await;
+    /// # Ok(()) }
+    /// ```
+    pub fn drain(&self) -> idempotency_core::Drain {
+        self.shared.engine.drain()
+    }
 }
 
 impl<Inner, S> Layer<Inner> for IdempotencyLayer<S> {
@@ -142,6 +159,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
             shared: Arc::new(Shared {
                 engine: Engine::new(self.store, self.engine),
                 scope: self.scope.0,
+                render: self.settings.renderer(),
                 settings: self.settings,
             }),
         }
@@ -240,9 +258,48 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// How the body enters the fingerprint (default: JSON canonicalised, others raw).
+    /// How the body enters the fingerprint (default: JSON canonicalised, others raw). Shorthand
+    /// for the body part of [`fingerprint_with`](Self::fingerprint_with).
     pub fn body_canonicalization(mut self, canonicalization: BodyCanonicalization) -> Self {
-        self.settings.canonicalization = canonicalization;
+        self.settings.fingerprint = self.settings.fingerprint.body(canonicalization);
+        self
+    }
+
+    /// Which parts of a request make it "the same request" (default: method, path and query as
+    /// the client sent them, and the body with JSON canonicalised): add headers, ignore or keep
+    /// JSON fields. See [`FingerprintSpec`](idempotency_core::FingerprintSpec).
+    pub fn fingerprint_with(mut self, spec: idempotency_core::FingerprintSpec) -> Self {
+        self.settings.fingerprint = spec;
+        self
+    }
+
+    /// Where the key comes from, instead of the `Idempotency-Key` header: `None` is a missing
+    /// key (400 when keys are required). The key is then validated with the key format.
+    ///
+    /// ```
+    /// # use idempotency_tower::IdempotencyLayer;
+    /// # let builder = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default()).unscoped();
+    /// // The key in a query parameter: POST /orders?request_id=...
+    /// let layer = builder
+    ///     .key_with(|parts| {
+    ///         parts.uri.query()?.split('&').find_map(|pair| {
+    ///             pair.strip_prefix("request_id=").map(str::to_owned)
+    ///         })
+    ///     })
+    ///     .build();
+    /// ```
+    pub fn key_with(
+        mut self,
+        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings.key_with = Some(Arc::new(key));
+        self
+    }
+
+    /// Which requests of the covered methods are covered: those for which `cover` returns true
+    /// (default: all). Others pass through untouched.
+    pub fn cover_if(mut self, cover: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.settings.cover_if = Some(Arc::new(cover));
         self
     }
 
@@ -251,6 +308,37 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// as if the store were unreachable; waiting for an in-flight duplicate is not bounded by it.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.engine.store_timeout = timeout;
+        self
+    }
+
+    /// Writes the layer's refusals (400, 401, 409, 413, 422, 500, 503) your way, instead of the
+    /// profile's (RFC 9457 problem+json; Stripe's error envelope in [`Profile::Stripe`]). The
+    /// layer adds `Retry-After` to 409 and 503 if the renderer did not.
+    ///
+    /// ```
+    /// # use idempotency_tower::{IdempotencyLayer, Refusal};
+    /// # let builder = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default()).unscoped();
+    /// let layer = builder
+    ///     .render_refusals(|refusal: &Refusal| {
+    ///         http::Response::builder()
+    ///             .status(refusal.status())
+    ///             .header("content-type", "text/plain")
+    ///             .body(bytes::Bytes::from(format!("{}: {}", refusal.code(), refusal.detail())))
+    ///             .unwrap_or_default()
+    ///     })
+    ///     .build();
+    /// ```
+    pub fn render_refusals(
+        mut self,
+        render: impl Fn(&crate::Refusal) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings.render = Some(Arc::new(render));
+        self
+    }
+
+    /// The header a replayed response is marked with (default `Idempotent-Replayed: true`).
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        self.settings.replay_header = name;
         self
     }
 

@@ -22,34 +22,47 @@
 //! # What it answers
 //! | situation | response |
 //! | --- | --- |
-//! | method not covered (GET, HEAD, ...) | passed through untouched |
+//! | method not covered (GET, HEAD, ...), or [`cover_if`](IdempotencyLayerBuilder::cover_if) says no | passed through untouched |
 //! | key missing (when required), malformed, repeated | 400 problem+json |
 //! | no scope (no authenticated caller) | 401 problem+json |
 //! | same key, request still running | 409 problem+json, `Retry-After` from the remaining lease |
-//! | same key, different request | 422 problem+json (Stripe profile: 400, code `idempotency_error`) |
+//! | same key, different request | 422 problem+json (Stripe profile: 400 in Stripe's error envelope) |
 //! | same key, same request, completed | the stored status, headers, body + `Idempotent-Replayed: true` |
 //! | request body over the limit | 413 problem+json, nothing stored |
-//! | handler returns a status the policy does not store (5xx) | passed through, key released |
+//! | handler returns a status the policy does not store (5xx), or marks its response [`NotStored`] / `Cache-Control: no-store` | passed through, key released |
 //! | handler panics | 500 problem+json, key released |
 //! | handler (or its response body) slower than its lease | the heartbeat extends the lease until the response is stored; retries get 409 |
 //! | storing the response fails | the response goes out; the key stays claimed and the response is stored in the background |
 //! | the request's transaction does not commit | 503 problem+json (409 if its lease was taken over); none of its writes exist |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
+//! Refusals are RFC 9457 problem+json by default; [`Profile::Stripe`] writes Stripe's error
+//! envelope, and [`render_refusals`](IdempotencyLayerBuilder::render_refusals) any shape.
+//!
 //! A client that disconnects does not cut the handler's side effect in half: the handler runs
 //! inline, and is moved to its own task if the request future is dropped; its response is still
-//! stored for the retry.
+//! stored for the retry. A server's graceful shutdown awaits
+//! [`IdempotencyLayer::drain`] so that such handlers finish before the process exits.
+//!
+//! # Which requests
+//! The key comes from the `Idempotency-Key` header or [`key_with`](IdempotencyLayerBuilder::key_with);
+//! "the same request" is method, path and query as the client sent them (under axum's `nest`,
+//! with the prefix) and the canonical JSON body, or what
+//! [`fingerprint_with`](IdempotencyLayerBuilder::fingerprint_with) says. The inner service gets a
+//! [`RequestBody`]; the layer accepts any request body type, hyper's `Incoming` included.
 //!
 //! # What the handler sees
 //! The request extensions of a request that holds its key carry its
 //! [`Lease`](idempotency_core::Lease) (key, scope, fencing token, `lost()`), and on a
 //! transactional store (PostgreSQL) its
 //! [`TransactionSlot`](idempotency_core::TransactionSlot): writes made in it commit together with
-//! the stored response. With the `axum` feature, `Tx<PgTransaction>` extracts it.
+//! the stored response. With the `axum` feature, `lease: Lease` and `Tx<PgTransaction>` are
+//! extractors.
 //!
 //! # Observability
 //! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never
-//! the key or the body) and its outcome. `metrics` counters `idempotency_requests_total{outcome}`
+//! the key or the body), the route axum matched, and its outcome. `metrics` counters
+//! `idempotency_requests_total{outcome, route}`
 //! (`executed`, `replayed`, `conflict`, `mismatch`, `key_missing`, `key_invalid`,
 //! `scope_missing`, `body_too_large`, `store_error`, ...), `idempotency_completions_total{result}`
 //! (`stored`, `released`, `stale`, `error`), `idempotency_store_errors_total{backend, op}`, and
@@ -61,12 +74,14 @@ mod detach;
 #[cfg(feature = "axum")]
 mod extract;
 mod layer;
-mod problem;
+mod refusal;
 mod service;
 
-pub use body::{BoxError, IdempotencyBody};
+pub use body::{BoxError, IdempotencyBody, RequestBody};
 pub use config::Profile;
 #[cfg(feature = "axum")]
 pub use extract::{Tx, TxRejection};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeNotSet, ScopeSet};
+pub use refusal::{Refusal, RefusalKind, RenderRefusal, problem_json, stripe_error};
 pub use service::IdempotencyService;
+pub use service::NotStored;

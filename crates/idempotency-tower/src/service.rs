@@ -4,18 +4,20 @@
 //! engine what to do, and answers; [`run_once`] runs the handler of a request that holds its key
 //! and hands its response to the engine.
 
-use crate::body::{BoxError, IdempotencyBody, Kept, ReadError, boxed, full, keep_up_to, read_body};
+use crate::body::{
+    BoxError, IdempotencyBody, Kept, ReadError, RequestBody, boxed, full, keep_up_to, read_body,
+};
 use crate::config::{ScopeSource, Shared};
 use crate::detach::DetachOnDrop;
-use crate::problem::Problem;
+use crate::refusal::{Problem, render};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, header};
 use http_body::Body;
 use idempotency_core::{
-    Begin, Completion, ErrorChain, Fingerprint, Guard, IDEMPOTENT_REPLAYED, IdempotencyKey,
-    IdempotencyStore, RollbackCause, Scope, StoredResponse,
+    Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
+    StoredResponse,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -61,10 +63,10 @@ impl<Inner: fmt::Debug, S: IdempotencyStore + 'static> fmt::Debug for Idempotenc
 
 impl<Inner, S, B, ResB> Service<Request<B>> for IdempotencyService<Inner, S>
 where
-    Inner: Service<Request<B>, Response = Response<ResB>> + Clone + Send + 'static,
+    Inner: Service<Request<RequestBody>, Response = Response<ResB>> + Clone + Send + 'static,
     Inner::Future: Send + 'static,
     Inner::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
+    B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
@@ -85,7 +87,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         if !shared.settings.methods.contains(request.method()) {
-            let future = { inner }.call(request);
+            let future = { inner }.call(request.map(RequestBody::new));
             return Box::pin(async move { future.await.map(|r| r.map(boxed)) });
         }
         Box::pin(handle(inner, shared, request))
@@ -135,45 +137,68 @@ impl Outcome {
         }
     }
 
-    /// Counts the outcome and records it on the current span.
-    fn record(self) {
-        metrics::counter!("idempotency_requests_total", "outcome" => self.label()).increment(1);
+    /// Counts the outcome (with the route axum matched, or "") and records it on the current
+    /// span.
+    fn record(self, route: &str) {
+        metrics::counter!(
+            "idempotency_requests_total",
+            "outcome" => self.label(),
+            "route" => route.to_owned()
+        )
+        .increment(1);
         tracing::Span::current().record("outcome", self.label());
     }
 }
 
 /// A request the layer answers itself.
-struct Refusal(Problem, Outcome);
+struct Refused(Problem, Outcome);
 
 /// Answers `problem` and records `outcome`.
-fn refuse<S>(shared: &Shared<S>, Refusal(problem, outcome): Refusal) -> Response<IdempotencyBody> {
-    outcome.record();
-    let settings = &shared.settings;
-    problem.into_response(settings.profile, &settings.problem_type_base)
+fn refuse<S>(
+    shared: &Shared<S>,
+    route: &str,
+    Refused(problem, outcome): Refused,
+) -> Response<IdempotencyBody> {
+    outcome.record(route);
+    answer(shared, problem)
+}
+
+/// The response for `problem`, as the configured renderer writes it.
+fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> {
+    render(&problem.refusal(shared.settings.profile), &shared.render)
 }
 
 /// The request's key: `Ok(None)` when it has none and keys are optional.
-fn read_key<S>(parts: &Parts, shared: &Shared<S>) -> Result<Option<IdempotencyKey>, Refusal> {
+fn read_key<S>(parts: &Parts, shared: &Shared<S>) -> Result<Option<IdempotencyKey>, Refused> {
     let settings = &shared.settings;
+    if let Some(key_with) = &settings.key_with {
+        return match key_with(parts) {
+            None if settings.key_required => Err(Refused(Problem::KeyMissing, Outcome::KeyMissing)),
+            None => Ok(None),
+            Some(raw) => IdempotencyKey::parse(raw.as_bytes(), settings.key_format)
+                .map(Some)
+                .map_err(|e| Refused(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
+        };
+    }
     let mut values = parts.headers.get_all(&settings.header).iter();
     match (values.next(), values.next()) {
         (None, _) if settings.key_required => {
-            Err(Refusal(Problem::KeyMissing, Outcome::KeyMissing))
+            Err(Refused(Problem::KeyMissing, Outcome::KeyMissing))
         }
         (None, _) => Ok(None),
-        (Some(_), Some(_)) => Err(Refusal(Problem::KeyRepeated, Outcome::KeyInvalid)),
+        (Some(_), Some(_)) => Err(Refused(Problem::KeyRepeated, Outcome::KeyInvalid)),
         (Some(value), None) => IdempotencyKey::parse(value.as_bytes(), settings.key_format)
             .map(Some)
-            .map_err(|e| Refusal(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
+            .map_err(|e| Refused(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
     }
 }
 
 /// The request's scope, from the configured source.
-fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refusal> {
+fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refused> {
     match &shared.scope {
         ScopeSource::Unscoped => Ok(Scope::unscoped()),
         ScopeSource::Extract(extract) => {
-            extract(parts).ok_or(Refusal(Problem::ScopeMissing, Outcome::ScopeMissing))
+            extract(parts).ok_or(Refused(Problem::ScopeMissing, Outcome::ScopeMissing))
         }
     }
 }
@@ -183,13 +208,13 @@ async fn read_request_body<B, S>(
     parts: &Parts,
     body: B,
     shared: &Shared<S>,
-) -> Result<Bytes, Refusal>
+) -> Result<Bytes, Refused>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
     let limit = shared.settings.max_request_body;
-    let too_large = || Refusal(Problem::BodyTooLarge { limit }, Outcome::BodyTooLarge);
+    let too_large = || Refused(Problem::BodyTooLarge { limit }, Outcome::BodyTooLarge);
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -200,7 +225,7 @@ where
     }
     read_body(body, limit).await.map_err(|e| match e {
         ReadError::TooLarge => too_large(),
-        ReadError::Unreadable => Refusal(Problem::BodyUnreadable, Outcome::BodyUnreadable),
+        ReadError::Unreadable => Refused(Problem::BodyUnreadable, Outcome::BodyUnreadable),
     })
 }
 
@@ -210,10 +235,10 @@ async fn handle<Inner, S, B, ResB>(
     request: Request<B>,
 ) -> Result<Response<IdempotencyBody>, Inner::Error>
 where
-    Inner: Service<Request<B>, Response = Response<ResB>> + Clone + Send + 'static,
+    Inner: Service<Request<RequestBody>, Response = Response<ResB>> + Clone + Send + 'static,
     Inner::Future: Send + 'static,
     Inner::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
+    B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
@@ -221,61 +246,81 @@ where
     S: IdempotencyStore + 'static,
 {
     let (parts, body) = request.into_parts();
+    if let Some(cover) = &shared.settings.cover_if
+        && !cover(&parts)
+    {
+        let response = inner
+            .call(Request::from_parts(parts, RequestBody::new(body)))
+            .await?;
+        return Ok(response.map(boxed));
+    }
+    let route = route_of(&parts);
     let key = match read_key(&parts, &shared) {
         Ok(Some(key)) => key,
         Ok(None) => {
-            Outcome::Passthrough.record();
-            let response = inner.call(Request::from_parts(parts, body)).await?;
+            Outcome::Passthrough.record(&route);
+            let response = inner
+                .call(Request::from_parts(parts, RequestBody::new(body)))
+                .await?;
             return Ok(response.map(boxed));
         }
-        Err(refusal) => return Ok(refuse(&shared, refusal)),
+        Err(refused) => return Ok(refuse(&shared, &route, refused)),
     };
     let scope = match read_scope(&parts, &shared) {
         Ok(scope) => scope,
-        Err(refusal) => return Ok(refuse(&shared, refusal)),
+        Err(refused) => return Ok(refuse(&shared, &route, refused)),
     };
     let bytes = match read_request_body(&parts, body, &shared).await {
         Ok(bytes) => bytes,
-        Err(refusal) => return Ok(refuse(&shared, refusal)),
+        Err(refused) => return Ok(refuse(&shared, &route, refused)),
     };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let fingerprint = Fingerprint::of_request(
+    let path_and_query = original_uri(&parts)
+        .path_and_query()
+        .map_or("/", |p| p.as_str());
+    let fingerprint = shared.settings.fingerprint.fingerprint(
         parts.method.as_str(),
         path_and_query,
+        &parts.headers,
         &bytes,
-        shared.settings.canonicalization,
     );
 
     let span = tracing::info_span!(
         "idempotency",
         key = %key_hash(&scope, &key),
         method = %parts.method,
+        route = %route,
         outcome = tracing::field::Empty,
     );
     async move {
-        let request = Request::from_parts(parts, B::from(bytes));
+        let request = Request::from_parts(parts, RequestBody::from_bytes(bytes));
         match shared.engine.begin(scope, key, fingerprint).await {
             Err(error) if shared.settings.fail_open => {
                 tracing::warn!(error = %ErrorChain(&error), "idempotency store failed; running without idempotency (fail open)");
-                Outcome::StoreErrorFailOpen.record();
+                Outcome::StoreErrorFailOpen.record(&route);
                 Ok(inner.call(request).await?.map(boxed))
             }
             Err(error) => {
                 tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
                 let problem = Problem::StoreUnavailable { retry_after: RETRY_AFTER };
-                Ok(refuse(&shared, Refusal(problem, Outcome::StoreError)))
+                Ok(refuse(&shared, &route, Refused(problem, Outcome::StoreError)))
             }
             Ok(Begin::Replay(stored)) => {
-                Outcome::Replayed.record();
-                Ok(replay(stored))
+                Outcome::Replayed.record(&route);
+                Ok(replay(stored, &shared.settings.replay_header))
             }
-            Ok(Begin::InFlight { retry_after }) => {
-                Ok(refuse(&shared, Refusal(Problem::InFlight { retry_after }, Outcome::Conflict)))
-            }
-            Ok(Begin::Mismatch) => Ok(refuse(&shared, Refusal(Problem::Mismatch, Outcome::Mismatch))),
+            Ok(Begin::InFlight { retry_after }) => Ok(refuse(
+                &shared,
+                &route,
+                Refused(Problem::InFlight { retry_after }, Outcome::Conflict),
+            )),
+            Ok(Begin::Mismatch) => Ok(refuse(
+                &shared,
+                &route,
+                Refused(Problem::Mismatch, Outcome::Mismatch),
+            )),
             Ok(Begin::Proceed(guard)) => {
-                Outcome::Executed.record();
-                run_once(inner, shared, guard, request).await
+                Outcome::Executed.record(&route);
+                run_once(inner, shared, guard, request, route).await
             }
         }
     }
@@ -290,23 +335,24 @@ where
 /// The handler finds the request's [`Lease`](idempotency_core::Lease) in the request
 /// extensions, and, on a transactional store, the
 /// [`TransactionSlot`](idempotency_core::TransactionSlot) its writes commit with.
-async fn run_once<Inner, S, B, ResB>(
+async fn run_once<Inner, S, ResB>(
     mut inner: Inner,
     shared: Arc<Shared<S>>,
     guard: Guard<S>,
-    mut request: Request<B>,
+    mut request: Request<RequestBody>,
+    route: String,
 ) -> Result<Response<IdempotencyBody>, Inner::Error>
 where
-    Inner: Service<Request<B>, Response = Response<ResB>> + Send + 'static,
+    Inner: Service<Request<RequestBody>, Response = Response<ResB>> + Send + 'static,
     Inner::Future: Send + 'static,
     Inner::Error: Send + 'static,
-    B: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
     S: IdempotencyStore + 'static,
 {
     let on_panic = Arc::clone(&shared);
-    let run = DetachOnDrop::new(
+    let on_panic_route = route.clone();
+    let tracked = on_panic.engine.track(
         async move {
             let extensions = request.extensions_mut();
             extensions.insert(guard.lease().clone());
@@ -323,9 +369,10 @@ where
                 }
             };
             let (parts, body) = response.into_parts();
-            if !guard.will_store(parts.status) {
-                // The policy does not keep this status: its transaction rolls back and the key
-                // is released, so the retry runs on a clean slate.
+            if !guard.will_store(parts.status) || opted_out(&parts) {
+                // The policy does not keep this status, or the handler said not to: its
+                // transaction rolls back and the key is released, so the retry runs on a clean
+                // slate.
                 let _ = guard.release().await;
                 return Ok(Response::from_parts(parts, boxed(body)));
             }
@@ -342,7 +389,11 @@ where
                 Err(error) => {
                     tracing::warn!(error = %ErrorChain(&*error), "the handler's response body failed; releasing the key");
                     let _ = guard.release().await;
-                    return Ok(refuse(&shared, Refusal(Problem::HandlerFailed, Outcome::HandlerFailed)));
+                    return Ok(refuse(
+                        &shared,
+                        &route,
+                        Refused(Problem::HandlerFailed, Outcome::HandlerFailed),
+                    ));
                 }
             };
             let answer = match guard.complete(stored).await {
@@ -355,21 +406,61 @@ where
                 Completion::TransactionMisused => Problem::TransactionMisused,
                 _ => return Ok(Response::from_parts(parts, body)),
             };
-            let settings = &shared.settings;
-            Ok(answer.into_response(settings.profile, &settings.problem_type_base))
+            Ok(self::answer(&shared, answer))
         }
         .in_current_span(),
     );
-    match run.await {
+    match DetachOnDrop::new(tracked).await {
         Ok(result) => result,
         Err(_panic) => {
             tracing::error!("the handler panicked; its key is released");
             Ok(refuse(
                 &on_panic,
-                Refusal(Problem::HandlerFailed, Outcome::HandlerFailed),
+                &on_panic_route,
+                Refused(Problem::HandlerFailed, Outcome::HandlerFailed),
             ))
         }
     }
+}
+
+/// Put in a response's extensions to keep it from being stored, the way `Cache-Control:
+/// no-store` on the response does: the key is released and the request's transaction rolled
+/// back, so the client's retry with the same key runs again. For answers the client is expected
+/// to fix and resend with the same key (a validation error, say). In axum, return
+/// `(Extension(NotStored), ...)` among the response's parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotStored;
+
+/// Whether the handler asked for its response not to be stored.
+fn opted_out(parts: &http::response::Parts) -> bool {
+    parts.extensions.get::<NotStored>().is_some()
+        || parts
+            .headers
+            .get_all(header::CACHE_CONTROL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
+}
+
+/// The route axum matched (`/tasks/{id}`), for metrics and spans; "" elsewhere.
+fn route_of(parts: &Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return matched.as_str().to_owned();
+    }
+    let _ = parts;
+    String::new()
+}
+
+/// The URI the client sent: under axum's `nest`, the request's own URI has the prefix stripped,
+/// and the fingerprint must see the whole path.
+fn original_uri(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
 }
 
 /// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself.
@@ -385,14 +476,14 @@ fn key_hash(scope: &Scope, key: &IdempotencyKey) -> String {
 }
 
 /// The stored response, byte for byte, marked as a replay.
-fn replay(stored: StoredResponse) -> Response<IdempotencyBody> {
+fn replay(stored: StoredResponse, marker: &http::HeaderName) -> Response<IdempotencyBody> {
     let omitted = stored.body_omitted();
     let (status, headers, body) = stored.into_parts();
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     let headers = response.headers_mut();
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    headers.insert(marker.clone(), HeaderValue::from_static("true"));
     if omitted {
         headers.insert(
             http::HeaderName::from_static("idempotent-replay-body"),

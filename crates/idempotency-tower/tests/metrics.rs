@@ -1,4 +1,5 @@
-//! The counters and histogram the crate docs promise are emitted, with their labels.
+//! The counters and histogram the crate docs promise are emitted, with their labels: the route
+//! label is the route axum matched (`/x/{id}`), never the concrete path.
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
@@ -24,7 +25,7 @@ impl From<User> for Scope {
 }
 
 fn request(body: &'static str, user: bool) -> Request<Body> {
-    let mut r = Request::post("/x")
+    let mut r = Request::post("/x/42")
         .header("idempotency-key", KEY)
         .body(Body::from(body))
         .unwrap();
@@ -45,7 +46,7 @@ fn outcomes_completions_and_store_latency_are_recorded() {
             .unwrap();
         runtime.block_on(async {
             let app = Router::new()
-                .route("/x", post(|| async { (StatusCode::CREATED, "made") }))
+                .route("/x/{id}", post(|| async { (StatusCode::CREATED, "made") }))
                 .layer(
                     IdempotencyLayer::builder(MemoryStore::default())
                         .scope_from_extension::<User>()
@@ -88,10 +89,22 @@ fn outcomes_completions_and_store_latency_are_recorded() {
         }
     }
     for (name, expected) in [
-        ("idempotency_requests_total{outcome=executed}", 1),
-        ("idempotency_requests_total{outcome=replayed}", 1),
-        ("idempotency_requests_total{outcome=mismatch}", 1),
-        ("idempotency_requests_total{outcome=scope_missing}", 1),
+        (
+            "idempotency_requests_total{outcome=executed,route=/x/{id}}",
+            1,
+        ),
+        (
+            "idempotency_requests_total{outcome=replayed,route=/x/{id}}",
+            1,
+        ),
+        (
+            "idempotency_requests_total{outcome=mismatch,route=/x/{id}}",
+            1,
+        ),
+        (
+            "idempotency_requests_total{outcome=scope_missing,route=/x/{id}}",
+            1,
+        ),
         ("idempotency_completions_total{result=stored}", 1),
     ] {
         assert_eq!(

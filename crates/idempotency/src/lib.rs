@@ -25,12 +25,18 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// `docs/http.md`, whose examples are compiled and run as this crate's doc tests.
+#[cfg(all(doctest, feature = "axum", feature = "memory"))]
+#[doc = include_str!("../../../docs/http.md")]
+pub struct HttpGuide;
+
 use std::sync::Arc;
 
 pub use idempotency_core::*;
 pub use idempotency_tower::{
-    IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, Profile,
-    ScopeNotSet, ScopeSet,
+    IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, NotStored,
+    Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet, problem_json,
+    stripe_error,
 };
 #[cfg(feature = "axum")]
 pub use idempotency_tower::{Tx, TxRejection};

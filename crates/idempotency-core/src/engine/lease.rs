@@ -174,3 +174,70 @@ impl fmt::Debug for Lease {
             .finish()
     }
 }
+
+/// `Lease` as an axum extractor (feature `axum`): a handler takes `lease: Lease`, or
+/// `Option<Lease>` on routes that may not be covered.
+#[cfg(feature = "axum")]
+mod extract {
+    use super::Lease;
+    use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+    use axum_core::response::{IntoResponse, Response};
+    use http::request::Parts;
+    use http::{HeaderValue, StatusCode, header};
+
+    /// The request has no [`Lease`]: the idempotency layer does not cover it (a method, route or
+    /// request without a key). Answers 500 problem+json: a handler that needs its lease is on a
+    /// route the layer must cover.
+    #[derive(Clone, Copy, Debug)]
+    pub struct LeaseRejection;
+
+    impl std::fmt::Display for LeaseRejection {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(
+                "this request has no idempotency lease: the idempotency layer does not cover it",
+            )
+        }
+    }
+
+    impl std::error::Error for LeaseRejection {}
+
+    impl IntoResponse for LeaseRejection {
+        fn into_response(self) -> Response {
+            let body = format!(
+                "{{\"type\":\"urn:idempotency:problem:lease-unavailable\",\"title\":\"The request has no idempotency lease\",\"status\":500,\"detail\":\"{self}.\",\"code\":\"idempotency_lease_unavailable\"}}"
+            );
+            let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            );
+            response
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for Lease {
+        type Rejection = LeaseRejection;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, LeaseRejection> {
+            parts
+                .extensions
+                .get::<Lease>()
+                .cloned()
+                .ok_or(LeaseRejection)
+        }
+    }
+
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for Lease {
+        type Rejection = std::convert::Infallible;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _: &S,
+        ) -> Result<Option<Self>, std::convert::Infallible> {
+            Ok(parts.extensions.get::<Lease>().cloned())
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+pub use extract::LeaseRejection;

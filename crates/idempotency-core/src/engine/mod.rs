@@ -18,6 +18,8 @@ mod retry;
 pub use config::{EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause};
 pub use lease::Lease;
+#[cfg(feature = "axum")]
+pub use lease::LeaseRejection;
 
 use crate::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken,
@@ -58,6 +60,25 @@ impl<S: IdempotencyStore + 'static> fmt::Debug for Begin<S> {
                 .finish(),
             Begin::Mismatch => f.write_str("Mismatch"),
         }
+    }
+}
+
+/// Waits for an engine's work to finish (see [`Engine::drain`]). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Drain(TaskTracker);
+
+impl Drain {
+    /// Resolves once every tracked request and background task has finished. New work started
+    /// meanwhile is waited for too; bound the wait with a timeout at shutdown.
+    pub async fn drained(&self) {
+        self.0.close();
+        self.0.wait().await;
+        self.0.reopen();
+    }
+
+    /// How much work is running now.
+    pub fn running(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -114,6 +135,23 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// The settings.
     pub fn config(&self) -> &EngineConfig {
         &self.shared.config
+    }
+
+    /// Counts `future` as this engine's work until it finishes, wherever it runs: a server's
+    /// shutdown waits for it with [`Drain::drained`]. The HTTP layer tracks every request it runs,
+    /// so a handler moved to its own task (its client left) still finishes and stores its
+    /// response before the process exits.
+    pub fn track<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> impl std::future::Future<Output = F::Output> + use<F, S> {
+        self.shared.tasks.track_future(future)
+    }
+
+    /// A handle a server's shutdown awaits so that tracked requests, heartbeats, and responses
+    /// being stored or keys being released in the background finish first.
+    pub fn drain(&self) -> Drain {
+        Drain(self.shared.tasks.clone())
     }
 
     /// Claims `(scope, key)` for a request with `fingerprint` and decides what to do:

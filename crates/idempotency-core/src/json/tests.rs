@@ -1,0 +1,202 @@
+//! The canonicaliser's tests, and its differential tests against serde_json.
+
+use super::*;
+
+fn canon(s: &str) -> Option<String> {
+    canonicalize(s.as_bytes()).map(|v| String::from_utf8(v).unwrap())
+}
+
+#[test]
+fn sorts_keys_and_drops_white_space() {
+    assert_eq!(
+        canon(" { \"b\" : [1, 2 ,{\"z\":null,\"a\":true}], \"a\": \"x\" } ").as_deref(),
+        Some(r#"{"a":"x","b":[1,2,{"a":true,"z":null}]}"#)
+    );
+}
+
+#[test]
+fn keeps_number_literals_exactly() {
+    assert_eq!(
+        canon("[12345678901234567890123, 12345678901234567890124, 1.0, 1, -0, 1e3]").as_deref(),
+        Some("[12345678901234567890123,12345678901234567890124,1.0,1,-0,1e3]")
+    );
+}
+
+#[test]
+fn normalises_string_escapes() {
+    assert_eq!(
+        canon(r#""\u0041\/\n\u00e9""#).as_deref(),
+        Some("\"A/\\né\"")
+    );
+    assert_eq!(canon(r#""\ud83d\ude00""#).as_deref(), Some("\"😀\""));
+}
+
+#[test]
+fn refuses_what_it_cannot_canonicalise_safely() {
+    for bad in [
+        r#"{"a":1,"a":2}"#,
+        r#""\ud83d""#,
+        r#""\ude00""#,
+        "[1,]",
+        "{\"a\" 1}",
+        "01",
+        "1.",
+        "-",
+        "\"a\u{1}b\"",
+        "tru",
+        "[1] [2]",
+        "",
+    ] {
+        assert_eq!(canon(bad), None, "{bad:?} must not canonicalise");
+    }
+    let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+    assert_eq!(canon(&deep), None);
+    let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+    assert_eq!(canon(&ok), Some(ok));
+}
+
+#[test]
+fn agrees_with_serde_json_on_meaning() {
+    let doc = r#"{"title":"Buy milk","tags":["a","b"],"n":{"x":1.5,"y":[true,false,null]}}"#;
+    let ours = canon(doc).unwrap();
+    let a: serde_json::Value = serde_json::from_str(doc).unwrap();
+    let b: serde_json::Value = serde_json::from_str(&ours).unwrap();
+    assert_eq!(a, b);
+}
+
+/// Nested JSON documents: objects, arrays, strings with escapes and non-ASCII text, integers,
+/// decimals, booleans and nulls, up to four levels deep.
+fn nested_document() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        (-1e6f64..1e6).prop_map(serde_json::Value::from),
+        "[a-z\u{e9}\u{1f600}\"\\\n\t/]{0,8}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+            proptest::collection::btree_map("[a-z\u{e9}\"]{0,5}", inner, 0..6)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// `value` written with every object's members in reverse order and with white space, as
+/// another client might serialise it.
+fn reversed_and_spaced(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Object(map) => {
+            let members: Vec<String> = map
+                .iter()
+                .rev()
+                .map(|(k, v)| {
+                    format!(
+                        " {} : {} ",
+                        serde_json::to_string(k).unwrap(),
+                        reversed_and_spaced(v)
+                    )
+                })
+                .collect();
+            format!("{{\n{}\n}}", members.join(",\n"))
+        }
+        serde_json::Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(reversed_and_spaced).collect();
+            format!("[ {} ]", items.join(" , "))
+        }
+        other => serde_json::to_string(other).unwrap(),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn agrees_with_serde_json_on_nested_documents(value in nested_document()) {
+        let compact = serde_json::to_vec(&value).unwrap();
+        let pretty = serde_json::to_vec_pretty(&value).unwrap();
+        let reversed = reversed_and_spaced(&value);
+        let canonical = canonicalize(&compact);
+        proptest::prop_assert!(canonical.is_some(), "serde_json's output must canonicalise");
+        let canonical = canonical.unwrap();
+        // Same meaning: the canonical form parses to what the document parses to (both read
+        // by serde_json, whose float parsing is not exact without `float_roundtrip`).
+        let back: serde_json::Value = serde_json::from_slice(&canonical).unwrap();
+        let read: serde_json::Value = serde_json::from_slice(&compact).unwrap();
+        proptest::prop_assert_eq!(&back, &read);
+        // One form whatever the layout and key order.
+        proptest::prop_assert_eq!(canonicalize(&pretty), Some(canonical.clone()));
+        proptest::prop_assert_eq!(canonicalize(reversed.as_bytes()), Some(canonical.clone()));
+        // Canonical is a fixed point.
+        proptest::prop_assert_eq!(canonicalize(&canonical), Some(canonical.clone()));
+    }
+
+    #[test]
+    fn never_panics_on_arbitrary_bytes(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+        let _ = canonicalize(&raw);
+    }
+
+    #[test]
+    fn reserialised_json_has_the_same_canonical_form(
+        entries in proptest::collection::btree_map("[a-z\u{e9}\"\\\\]{0,6}", proptest::num::i64::ANY, 0..8)
+    ) {
+        // serde_json writes keys in one order; writing them reversed and pretty must not matter.
+        let value = serde_json::Value::Object(entries.iter().map(|(k, v)| (k.clone(), (*v).into())).collect());
+        let compact = serde_json::to_vec(&value).unwrap();
+        let mut reversed = String::from("{\n");
+        for (i, (k, v)) in entries.iter().rev().enumerate() {
+            if i > 0 { reversed.push_str(",\n"); }
+            reversed.push_str(&format!("  {} :  {}", serde_json::to_string(k).unwrap(), v));
+        }
+        reversed.push_str("\n}");
+        proptest::prop_assert_eq!(canonicalize(&compact), canonicalize(reversed.as_bytes()));
+        proptest::prop_assert!(canonicalize(&compact).is_some());
+    }
+}
+
+fn project(projection: &Projection, doc: &str) -> String {
+    String::from_utf8(projection.apply(parse(doc.as_bytes()).unwrap()).canonical()).unwrap()
+}
+
+fn pointers(list: &[&str]) -> Vec<JsonPointer> {
+    list.iter()
+        .map(|p| JsonPointer::parse(p).unwrap())
+        .collect()
+}
+
+#[test]
+fn pointers_follow_rfc_6901() {
+    assert!(
+        JsonPointer::parse("").is_err(),
+        "the whole document is not a part of it"
+    );
+    assert!(JsonPointer::parse("a").is_err());
+    assert!(JsonPointer::parse("/a~2").is_err());
+    let doc = r#"{"a/b":{"m~n":1,"x":2},"list":[10,20,30]}"#;
+    let ignore = Projection::Ignore(pointers(&["/a~1b/m~0n", "/list/1", "/missing/deep"]));
+    assert_eq!(
+        project(&ignore, doc),
+        r#"{"a/b":{"x":2},"list":[10,null,30]}"#
+    );
+}
+
+#[test]
+fn keep_counts_only_the_named_parts_with_their_objects() {
+    let doc = r#"{"order":{"item":"tea","qty":2,"note":"hi"},"sent_at":5,"tags":["a","b"]}"#;
+    let keep = Projection::Keep(pointers(&[
+        "/order/item",
+        "/order/qty",
+        "/tags/0",
+        "/absent",
+    ]));
+    // A pointer through an array keeps the array whole; an absent one keeps nothing.
+    assert_eq!(
+        project(&keep, doc),
+        r#"{"order":{"item":"tea","qty":2},"tags":["a","b"]}"#
+    );
+    let keep_object = Projection::Keep(pointers(&["/order", "/order/item"]));
+    assert_eq!(
+        project(&keep_object, doc),
+        r#"{"order":{"item":"tea","note":"hi","qty":2}}"#
+    );
+}

@@ -1,0 +1,346 @@
+//! The answers the layer gives by itself (refusals): what each one says, and how it is written
+//! (RFC 9457 problem+json by default, Stripe's error envelope in the Stripe profile, or your
+//! own renderer).
+
+use crate::body::{IdempotencyBody, full};
+use crate::config::Profile;
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use idempotency_core::KeyError;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which refusal the layer makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalKind {
+    /// A covered request without a key (400).
+    KeyMissing,
+    /// A malformed key (400).
+    KeyInvalid,
+    /// Two key headers (400).
+    KeyRepeated,
+    /// No authenticated principal to scope the key (401).
+    ScopeMissing,
+    /// The same request is still running (409, `Retry-After`).
+    InFlight,
+    /// The key was used with a different request (422; Stripe profile 400).
+    Mismatch,
+    /// The request body is over the limit (413).
+    BodyTooLarge,
+    /// The request body could not be read (400).
+    BodyUnreadable,
+    /// The store could not be reached (503, `Retry-After`).
+    StoreUnavailable,
+    /// The handler panicked or its response body failed (500).
+    HandlerFailed,
+    /// The request's transaction did not commit; none of its writes exist (503, `Retry-After`).
+    NotCommitted,
+    /// The handler ended or kept its transaction itself (500).
+    TransactionMisused,
+    /// A handler asked for a transaction the request does not have (500).
+    TransactionUnavailable,
+}
+
+/// A refusal: its kind and status, a stable slug (`key-reused`) and code
+/// (`idempotency_key_reused`), a title and a detail for people, and, for 409 and 503, how long to
+/// wait before retrying. A [renderer](crate::IdempotencyLayerBuilder::render_refusals) turns it
+/// into a response; the layer adds `Retry-After` if the renderer did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    kind: RefusalKind,
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    detail: String,
+    code: &'static str,
+    retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    /// Which refusal.
+    pub fn kind(&self) -> RefusalKind {
+        self.kind
+    }
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+    /// A stable, URL-safe name (`key-missing`, `in-flight`, ...): the problem `type` ends with it.
+    pub fn slug(&self) -> &'static str {
+        self.slug
+    }
+    /// A short summary for people.
+    pub fn title(&self) -> &'static str {
+        self.title
+    }
+    /// What happened and what to do, for people.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+    /// A stable code for programs (`idempotency_key_reused`, ...).
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+    /// How long the client should wait before retrying, for 409 and 503.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+/// Writes a refusal as a response (see
+/// [`render_refusals`](crate::IdempotencyLayerBuilder::render_refusals)).
+pub type RenderRefusal = Arc<dyn Fn(&Refusal) -> Response<Bytes> + Send + Sync>;
+
+/// A refusal as RFC 9457 `application/problem+json`:
+/// `{"type": "<type_base><slug>", "title", "status", "detail", "code"}`.
+pub fn problem_json(refusal: &Refusal, type_base: &str) -> Response<Bytes> {
+    let body = serde_json::json!({
+        "type": format!("{type_base}{}", refusal.slug),
+        "title": refusal.title,
+        "status": refusal.status.as_u16(),
+        "detail": refusal.detail,
+        "code": refusal.code,
+    });
+    json_response(refusal.status, "application/problem+json", body)
+}
+
+/// A refusal in Stripe's error envelope:
+/// `{"error": {"type": "idempotency_error", "code", "message"}}` (`invalid_request_error` for
+/// refusals that are not about the key, `api_error` for 5xx).
+pub fn stripe_error(refusal: &Refusal) -> Response<Bytes> {
+    let kind = match refusal.kind {
+        RefusalKind::KeyMissing
+        | RefusalKind::KeyInvalid
+        | RefusalKind::KeyRepeated
+        | RefusalKind::InFlight
+        | RefusalKind::Mismatch => "idempotency_error",
+        _ if refusal.status.is_server_error() => "api_error",
+        _ => "invalid_request_error",
+    };
+    let body = serde_json::json!({
+        "error": {
+            "type": kind,
+            "code": refusal.code,
+            "message": refusal.detail,
+        }
+    });
+    json_response(refusal.status, "application/json", body)
+}
+
+fn json_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: serde_json::Value,
+) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// Seconds for `Retry-After`, rounded up, at least 1.
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0).max(u64::from(d.is_zero()))
+}
+
+/// Every refusal the layer makes, with what it needs to say.
+#[derive(Debug)]
+pub(crate) enum Problem {
+    KeyMissing,
+    KeyInvalid(KeyError),
+    KeyRepeated,
+    ScopeMissing,
+    InFlight {
+        retry_after: Duration,
+    },
+    Mismatch,
+    BodyTooLarge {
+        limit: usize,
+    },
+    BodyUnreadable,
+    StoreUnavailable {
+        retry_after: Duration,
+    },
+    HandlerFailed,
+    NotCommitted {
+        retry_after: Duration,
+    },
+    TransactionMisused,
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    TransactionUnavailable,
+}
+
+impl Problem {
+    /// The refusal this problem makes under `profile`.
+    pub(crate) fn refusal(self, profile: Profile) -> Refusal {
+        let retry_after = match &self {
+            Problem::InFlight { retry_after }
+            | Problem::StoreUnavailable { retry_after }
+            | Problem::NotCommitted { retry_after } => Some(*retry_after),
+            _ => None,
+        };
+        let kind = match &self {
+            Problem::KeyMissing => RefusalKind::KeyMissing,
+            Problem::KeyInvalid(_) => RefusalKind::KeyInvalid,
+            Problem::KeyRepeated => RefusalKind::KeyRepeated,
+            Problem::ScopeMissing => RefusalKind::ScopeMissing,
+            Problem::InFlight { .. } => RefusalKind::InFlight,
+            Problem::Mismatch => RefusalKind::Mismatch,
+            Problem::BodyTooLarge { .. } => RefusalKind::BodyTooLarge,
+            Problem::BodyUnreadable => RefusalKind::BodyUnreadable,
+            Problem::StoreUnavailable { .. } => RefusalKind::StoreUnavailable,
+            Problem::HandlerFailed => RefusalKind::HandlerFailed,
+            Problem::NotCommitted { .. } => RefusalKind::NotCommitted,
+            Problem::TransactionMisused => RefusalKind::TransactionMisused,
+            Problem::TransactionUnavailable => RefusalKind::TransactionUnavailable,
+        };
+        let (status, slug, title, detail, code) = self.parts(profile);
+        Refusal {
+            kind,
+            status,
+            slug,
+            title,
+            detail,
+            code,
+            retry_after,
+        }
+    }
+
+    fn parts(
+        &self,
+        profile: Profile,
+    ) -> (StatusCode, &'static str, &'static str, String, &'static str) {
+        match self {
+            Problem::KeyMissing => (
+                StatusCode::BAD_REQUEST,
+                "key-missing",
+                "Idempotency-Key is missing",
+                "This operation requires an Idempotency-Key header.".into(),
+                "idempotency_key_missing",
+            ),
+            Problem::KeyInvalid(e) => (
+                StatusCode::BAD_REQUEST,
+                "key-invalid",
+                "Idempotency-Key is invalid",
+                format!("{e}."),
+                "idempotency_key_invalid",
+            ),
+            Problem::KeyRepeated => (
+                StatusCode::BAD_REQUEST,
+                "key-repeated",
+                "Idempotency-Key is repeated",
+                "Send exactly one Idempotency-Key header.".into(),
+                "idempotency_key_invalid",
+            ),
+            Problem::ScopeMissing => (
+                StatusCode::UNAUTHORIZED,
+                "scope-missing",
+                "No authenticated principal",
+                "Idempotency keys are scoped per caller, and this request has no authenticated caller.".into(),
+                "idempotency_scope_missing",
+            ),
+            Problem::InFlight { .. } => (
+                StatusCode::CONFLICT,
+                "in-flight",
+                "A request is outstanding for this Idempotency-Key",
+                "The first request with this key is still running; retry after the time in Retry-After.".into(),
+                match profile {
+                    Profile::Ietf => "idempotency_key_in_flight",
+                    Profile::Stripe => "idempotency_key_in_use",
+                },
+            ),
+            Problem::Mismatch => (
+                match profile {
+                    Profile::Ietf => StatusCode::UNPROCESSABLE_ENTITY,
+                    Profile::Stripe => StatusCode::BAD_REQUEST,
+                },
+                "key-reused",
+                "Idempotency-Key is already used",
+                "This key was used with a different request (method, path or body); keys can only be reused with the same request.".into(),
+                match profile {
+                    Profile::Ietf => "idempotency_key_reused",
+                    Profile::Stripe => "idempotency_error",
+                },
+            ),
+            Problem::BodyTooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("Requests with an Idempotency-Key may carry at most {limit} bytes."),
+                "request_body_too_large",
+            ),
+            Problem::BodyUnreadable => (
+                StatusCode::BAD_REQUEST,
+                "body-unreadable",
+                "Request body could not be read",
+                "The request body ended early or could not be read.".into(),
+                "request_body_unreadable",
+            ),
+            Problem::StoreUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "The request was not run because its idempotency could not be guaranteed; retry later.".into(),
+                "idempotency_store_unavailable",
+            ),
+            Problem::NotCommitted { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not-committed",
+                "The request's changes were not committed",
+                "The request ran, but its changes could not be committed together with its idempotency record, so none of them were kept; retry later.".into(),
+                "idempotency_not_committed",
+            ),
+            Problem::TransactionMisused => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "transaction-misused",
+                "The request's transaction was ended by its handler",
+                "The handler ended or kept its idempotency transaction itself, so its changes and its response could not be tied together; the key stays claimed until its lease runs out.".into(),
+                "idempotency_transaction_misused",
+            ),
+            Problem::TransactionUnavailable => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "transaction-unavailable",
+                "The request has no idempotency transaction",
+                "The handler needs an idempotency transaction, but this route is not covered by the idempotency layer or its store is not transactional.".into(),
+                "idempotency_transaction_unavailable",
+            ),
+            Problem::HandlerFailed => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "handler-failed",
+                "The request failed",
+                "The request failed before it produced a response; its key was released, so a retry runs it again.".into(),
+                "handler_failed",
+            ),
+        }
+    }
+}
+
+/// Renders `refusal` with `render`, adding `Retry-After` when the renderer did not.
+pub(crate) fn render(refusal: &Refusal, render: &RenderRefusal) -> Response<IdempotencyBody> {
+    let mut response = render(refusal);
+    if let Some(d) = refusal.retry_after
+        && !response.headers().contains_key(header::RETRY_AFTER)
+    {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+    }
+    response.map(full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(59)), 59);
+    }
+}
