@@ -6,6 +6,7 @@
 mod report;
 
 use clap::{Parser, Subcommand};
+use idempotency_bench::http;
 use idempotency_bench::load::{LoadConfig, run};
 
 #[derive(Parser, Debug)]
@@ -25,6 +26,37 @@ enum Command {
     /// Sends a duplicate-heavy mix to the demo service on each store and counts double
     /// executions; fails when there is one.
     Load(LoadArgs),
+    /// The layer's cost through real HTTP: a task API with and without the layer (memory
+    /// store), each in its own process, interleaved rounds of fresh keys and replays.
+    Http(HttpArgs),
+    /// Serves the task API of `http` (started by `http` and the report).
+    #[command(hide = true)]
+    ServeTasks(ServeArgs),
+}
+
+/// Settings of an HTTP comparison.
+#[derive(clap::Args, Debug)]
+struct HttpArgs {
+    /// Keep-alive connections at once.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Rounds per variant and workload.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Length of a round, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// Settings of the task API server.
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    /// With the idempotency layer on the POST route.
+    #[arg(long)]
+    layer: bool,
 }
 
 /// Settings of a load run.
@@ -68,7 +100,65 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Load(args) => runtime.block_on(load(args)),
+        Command::Http(args) => runtime.block_on(http(args)),
+        Command::ServeTasks(args) => match runtime.block_on(http::serve(args.listen, args.layer)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("serve-tasks: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// Runs the HTTP comparison and prints one Markdown row per workload.
+async fn http(args: HttpArgs) -> std::process::ExitCode {
+    match http_rows(&args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("http: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn http_rows(args: &HttpArgs) -> Result<(), String> {
+    let binary = std::env::current_exe().map_err(|e| e.to_string())?;
+    let plain = http::ServerProcess::start(&binary, http::Variant::Plain).await?;
+    let layer = http::ServerProcess::start(&binary, http::Variant::Layer).await?;
+    let length = std::time::Duration::try_from_secs_f64(args.seconds).map_err(|e| e.to_string())?;
+    println!(
+        "| workload | req/s without | req/s with | ratio | p99 without | p99 with | ratio | CPU/req without | CPU/req with |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for workload in [http::Workload::FreshKeys, http::Workload::Replay] {
+        let c = http::compare(
+            &plain,
+            &layer,
+            workload,
+            args.connections,
+            args.rounds,
+            length,
+        )
+        .await?;
+        let us = |d: Option<std::time::Duration>| {
+            d.map_or("?".to_owned(), |d| {
+                format!("{:.1} µs", d.as_secs_f64() * 1e6)
+            })
+        };
+        println!(
+            "| {workload:?} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
+            c.plain_throughput,
+            c.layer_throughput,
+            c.throughput_ratio,
+            c.plain_p99.as_secs_f64() * 1e3,
+            c.layer_p99.as_secs_f64() * 1e3,
+            c.p99_ratio,
+            us(c.plain_cpu),
+            us(c.layer_cpu),
+        );
+    }
+    Ok(())
 }
 
 /// Runs the load on every store and prints one Markdown row per store.

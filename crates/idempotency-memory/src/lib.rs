@@ -23,75 +23,45 @@
 //!   [`MemoryStoreBuilder::max_in_flight`]; when it is full a new claim fails with
 //!   [`StoreError::Full`] (a retryable error, 503 at the HTTP layer), it never silently drops
 //!   a running request's claim.
-//! - **Completed responses are bounded by bytes** ([`MemoryStoreBuilder::max_stored_bytes`],
-//!   weighted by their encoded size). When full, the least recently used completed records are
-//!   evicted first; a newly completed response is always admitted. An evicted record behaves
-//!   as an expired one: a later retry of that key runs the handler again. Evictions are counted
-//!   by [`MemoryStore::evicted_records`] so they can be monitored.
+//! - **Completed records are bounded by the memory they take**
+//!   ([`MemoryStoreBuilder::max_stored_bytes`]): each is weighed as its id, its encoded response
+//!   and a fixed overhead for the record and the cache's own bookkeeping, so a full store's
+//!   resident memory stays near the bound (`tests/memory_bound.rs` measures it). At the bound,
+//!   [`WhenFull`] decides: evict the least recently used completed records (the default; a
+//!   retry of an evicted key runs again, counted by [`MemoryStore::evicted_records`] and
+//!   `idempotency_memory_evictions_total`), or refuse new claims until records expire.
+//! - In-flight claims take memory besides the bound: about 100 bytes plus the key and scope
+//!   each, at most [`MemoryStoreBuilder::max_in_flight`] of them.
 //! - Nothing survives a restart of the process.
 
+mod completed;
+mod id;
+mod in_flight;
+
+pub use completed::WhenFull;
+
 use async_trait::async_trait;
+use completed::{Completed, CompletedRecords};
+use id::IdBuf;
 use idempotency_core::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
     RecordState, Scope, StoreError, StoredResponse,
 };
-use moka::notification::RemovalCause;
-use moka::policy::EvictionPolicy;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use in_flight::{Claim, Claims, Locked};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub use moka;
 
 const BACKEND: &str = "memory";
-const SHARDS: usize = 64;
-
-type RecordKey = (Scope, IdempotencyKey);
-
-#[derive(Debug)]
-struct InFlight {
-    fingerprint: Fingerprint,
-    token: LeaseToken,
-    lease_until: Instant,
-}
-
-#[derive(Debug)]
-struct Completed {
-    fingerprint: Fingerprint,
-    response: StoredResponse,
-    expires_at: Instant,
-}
-
-struct CompletedExpiry;
-
-impl moka::Expiry<RecordKey, Arc<Completed>> for CompletedExpiry {
-    fn expire_after_create(
-        &self,
-        _key: &RecordKey,
-        value: &Arc<Completed>,
-        created_at: Instant,
-    ) -> Option<Duration> {
-        Some(value.expires_at.saturating_duration_since(created_at))
-    }
-
-    fn expire_after_update(
-        &self,
-        _key: &RecordKey,
-        value: &Arc<Completed>,
-        updated_at: Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.expires_at.saturating_duration_since(updated_at))
-    }
-}
 
 /// Builds a [`MemoryStore`].
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     max_stored_bytes: u64,
     max_in_flight: usize,
+    when_full: WhenFull,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -99,13 +69,15 @@ impl Default for MemoryStoreBuilder {
         MemoryStoreBuilder {
             max_stored_bytes: 64 * 1024 * 1024,
             max_in_flight: 100_000,
+            when_full: WhenFull::default(),
         }
     }
 }
 
 impl MemoryStoreBuilder {
-    /// Bound on the completed responses kept, in encoded bytes (default 64 MiB). Least
-    /// recently used records are evicted past it.
+    /// Bound on the memory completed records take (default 64 MiB): each counts its key and
+    /// scope, its encoded response and a fixed overhead per record, so a full store stays near
+    /// this figure in resident memory. What happens at the bound is [`WhenFull`].
     pub fn max_stored_bytes(mut self, bytes: u64) -> Self {
         self.max_stored_bytes = bytes;
         self
@@ -118,45 +90,31 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// What happens when completed records reach [`max_stored_bytes`](Self::max_stored_bytes)
+    /// (default [`WhenFull::EvictLeastRecentlyUsed`]).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let evicted = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&evicted);
-        let completed = moka::sync::Cache::builder()
-            .max_capacity(self.max_stored_bytes)
-            .weigher(|(scope, key): &RecordKey, value: &Arc<Completed>| {
-                let bytes =
-                    scope.as_str().len() + key.as_str().len() + value.response.encoded_len() + 64;
-                u32::try_from(bytes).unwrap_or(u32::MAX)
-            })
-            .eviction_policy(EvictionPolicy::lru())
-            .expire_after(CompletedExpiry)
-            .eviction_listener(move |_key, _value, cause| {
-                if cause == RemovalCause::Size {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-            .build();
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-                hasher: RandomState::new(),
+                claims: Claims::new(),
                 in_flight: AtomicUsize::new(0),
                 max_in_flight: self.max_in_flight,
-                completed,
-                evicted,
+                completed: CompletedRecords::new(self.max_stored_bytes, self.when_full),
             }),
         }
     }
 }
 
 struct Inner {
-    shards: Box<[Mutex<HashMap<RecordKey, InFlight>>]>,
-    hasher: RandomState,
+    claims: Claims,
     in_flight: AtomicUsize,
     max_in_flight: usize,
-    completed: moka::sync::Cache<RecordKey, Arc<Completed>>,
-    evicted: Arc<AtomicU64>,
+    completed: CompletedRecords,
 }
 
 /// The in-process store. Cheap to clone; clones share the records.
@@ -169,8 +127,8 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("in_flight", &self.in_flight_claims())
-            .field("completed", &self.inner.completed.entry_count())
-            .field("stored_bytes", &self.inner.completed.weighted_size())
+            .field("completed", &self.inner.completed.entries())
+            .field("stored_bytes", &self.inner.completed.bytes())
             .finish()
     }
 }
@@ -192,74 +150,73 @@ impl MemoryStore {
         self.inner.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Encoded bytes of the completed responses kept (after pending cache maintenance).
+    /// Memory the completed records take by the store's accounting (after pending cache
+    /// maintenance): what [`MemoryStoreBuilder::max_stored_bytes`] bounds.
     pub fn stored_bytes(&self) -> u64 {
-        self.inner.completed.run_pending_tasks();
-        self.inner.completed.weighted_size()
+        self.inner.completed.maintain();
+        self.inner.completed.bytes()
     }
 
-    /// Completed records evicted because the byte bound was reached, since the store was built.
+    /// Completed records evicted because the bound was reached, since the store was built.
     pub fn evicted_records(&self) -> u64 {
-        self.inner.evicted.load(Ordering::Relaxed)
+        self.inner.completed.evicted()
     }
 
-    fn shard(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> MutexGuard<'_, HashMap<RecordKey, InFlight>> {
-        let index = self.inner.hasher.hash_one((scope, key)) as usize % SHARDS;
-        // No code panics while holding a shard lock; recover the map if that ever changes.
-        self.inner.shards[index]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The live record, read under the key's shard lock.
+    /// The live record of `id`, read under its shard lock.
     fn live_record(
         &self,
-        shard: &mut HashMap<RecordKey, InFlight>,
-        id: &RecordKey,
+        claims: &mut Locked<'_>,
+        id: &[u8],
         now: Instant,
-    ) -> Option<Record> {
-        if let Some(claim) = shard.get(id) {
+    ) -> Result<Option<Record>, StoreError> {
+        if let Some(claim) = claims.get(id) {
             if claim.lease_until > now {
-                return Some(Record {
+                return Ok(Some(Record {
                     fingerprint: claim.fingerprint,
                     state: RecordState::InFlight {
                         lease_remaining: claim.lease_until - now,
                     },
-                });
+                }));
             }
             // The lease ran out: the claim is dead and can be taken over.
-            shard.remove(id);
+            claims.remove(id);
             self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
-        let completed = self.inner.completed.get(id)?;
-        (completed.expires_at > now).then(|| Record {
+        let Some(completed) = self.inner.completed.get(id) else {
+            return Ok(None);
+        };
+        if completed.expires_at <= now {
+            return Ok(None);
+        }
+        // Encoded by this process a moment ago: decoding fails only on a bug, reported as such.
+        let response = completed.response().map_err(|e| StoreError::Corrupt {
+            backend: BACKEND,
+            source: e.into(),
+        })?;
+        Ok(Some(Record {
             fingerprint: completed.fingerprint,
-            state: RecordState::Completed {
-                response: completed.response.clone(),
-            },
-        })
+            state: RecordState::Completed { response },
+        }))
     }
 
-    /// Runs `f` on the in-flight claim of `id` if `token` holds it, under the shard lock.
+    /// Takes the in-flight claim of `(scope, key)` out if `token` holds it, and runs `f` with
+    /// its kept id under the shard lock.
     fn fenced(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         token: LeaseToken,
-        f: impl FnOnce(InFlight),
+        f: impl FnOnce(Box<[u8]>, Claim),
     ) -> FenceOutcome {
-        let mut shard = self.shard(scope, key);
-        let id = (scope.clone(), key.clone());
+        let id = IdBuf::new(scope, key);
+        let id = id.as_bytes();
+        let mut claims = self.inner.claims.lock(id);
         let now = Instant::now();
-        match shard.get(&id) {
+        match claims.get(id) {
             Some(claim) if claim.token == token && claim.lease_until > now => {
-                if let Some(claim) = shard.remove(&id) {
+                if let Some((kept, claim)) = claims.remove(id) {
                     self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    f(claim);
+                    f(kept, claim);
                 }
                 FenceOutcome::Applied
             }
@@ -282,11 +239,19 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let mut shard = self.shard(scope, key);
-        let id = (scope.clone(), key.clone());
+        let id = IdBuf::new(scope, key);
+        let mut claims = self.inner.claims.lock(id.as_bytes());
         let now = Instant::now();
-        if let Some(record) = self.live_record(&mut shard, &id, now) {
+        if let Some(record) = self.live_record(&mut claims, id.as_bytes(), now)? {
             return Ok(ClaimOutcome::Existing(record));
+        }
+        if self.inner.completed.refuses_claims() {
+            return Err(StoreError::Full {
+                backend: BACKEND,
+                reason:
+                    "completed records fill the memory bound; new claims wait for them to expire"
+                        .into(),
+            });
         }
         let held = self.inner.in_flight.fetch_add(1, Ordering::Relaxed);
         if held >= self.inner.max_in_flight {
@@ -296,11 +261,11 @@ impl IdempotencyStore for MemoryStore {
                 reason: format!("{} claims are in flight", self.inner.max_in_flight),
             });
         }
-        // A completed record that expired may still sit in the cache; drop it now.
-        self.inner.completed.invalidate(&id);
-        shard.insert(
-            id,
-            InFlight {
+        // An expired completed record may still sit in the cache: it reads as absent, and the
+        // completion of this claim replaces it.
+        claims.insert(
+            id.to_owned_id(),
+            Claim {
                 fingerprint: *fingerprint,
                 token,
                 lease_until: now + lease,
@@ -318,13 +283,9 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
         let completed = &self.inner.completed;
-        Ok(self.fenced(scope, key, token, |claim| {
-            let record = Completed {
-                fingerprint: claim.fingerprint,
-                response: response.clone(),
-                expires_at: Instant::now() + retention,
-            };
-            completed.insert((scope.clone(), key.clone()), Arc::new(record));
+        Ok(self.fenced(scope, key, token, |id, claim| {
+            let record = Completed::new(claim.fingerprint, response, Instant::now() + retention);
+            completed.insert(id, record);
         }))
     }
 
@@ -335,9 +296,10 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let mut shard = self.shard(scope, key);
+        let id = IdBuf::new(scope, key);
+        let mut claims = self.inner.claims.lock(id.as_bytes());
         let now = Instant::now();
-        match shard.get_mut(&(scope.clone(), key.clone())) {
+        match claims.get_mut(id.as_bytes()) {
             Some(claim) if claim.token == token && claim.lease_until > now => {
                 claim.lease_until = now + lease;
                 Ok(FenceOutcome::Applied)
@@ -352,25 +314,25 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
-        Ok(self.fenced(scope, key, token, |_| {}))
+        Ok(self.fenced(scope, key, token, |_, _| {}))
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let mut shard = self.shard(scope, key);
-        Ok(self.live_record(&mut shard, &(scope.clone(), key.clone()), Instant::now()))
+        let id = IdBuf::new(scope, key);
+        let mut claims = self.inner.claims.lock(id.as_bytes());
+        self.live_record(&mut claims, id.as_bytes(), Instant::now())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         let now = Instant::now();
         let mut purged = 0usize;
-        for shard in self.inner.shards.iter() {
+        self.inner.claims.each_shard(|shard| {
             if purged >= limit {
-                break;
+                return;
             }
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             let before = shard.len();
             let mut budget = limit - purged;
-            shard.retain(|_, claim| {
+            shard.retain(|(_, claim)| {
                 let keep = claim.lease_until > now || budget == 0;
                 if !keep {
                     budget -= 1;
@@ -380,10 +342,10 @@ impl IdempotencyStore for MemoryStore {
             let removed = before - shard.len();
             self.inner.in_flight.fetch_sub(removed, Ordering::Relaxed);
             purged += removed;
-        }
-        let before = self.inner.completed.entry_count();
-        self.inner.completed.run_pending_tasks();
-        let expired = before.saturating_sub(self.inner.completed.entry_count());
+        });
+        let before = self.inner.completed.entries();
+        self.inner.completed.maintain();
+        let expired = before.saturating_sub(self.inner.completed.entries());
         Ok(purged as u64 + expired)
     }
 }

@@ -150,4 +150,64 @@ mod memory {
         );
         assert_eq!(store.in_flight_claims(), 0);
     }
+
+    /// With `WhenFull::RefuseNewClaims`, nothing completed is evicted: at the bound new claims
+    /// fail with a retryable error, every completed key still replays, and claims are taken
+    /// again once records expire.
+    #[tokio::test]
+    async fn refusing_new_claims_at_the_bound_keeps_every_completed_record() {
+        use idempotency_core::{Record, RecordState};
+        use idempotency_memory::WhenFull;
+        const CAP: u64 = 64 * 1024;
+        let store = MemoryStore::builder()
+            .max_stored_bytes(CAP)
+            .when_full(WhenFull::RefuseNewClaims)
+            .build();
+        let scope = Scope::new("user").unwrap();
+        let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
+        let retention = Duration::from_millis(300);
+        let body = Bytes::from(vec![b'x'; 1000]);
+        let mut completed = 0;
+        let refused = loop {
+            let (k, t) = (key(completed), LeaseToken::new());
+            match store.claim(&scope, &k, &fp, t, HOUR).await {
+                Ok(ClaimOutcome::Claimed) => {}
+                Err(e) => break e,
+                Ok(other) => panic!("{other:?}"),
+            }
+            let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body.clone());
+            assert_eq!(
+                store.complete(&scope, &k, t, &r, retention).await.unwrap(),
+                FenceOutcome::Applied
+            );
+            completed += 1;
+            assert!(completed < 1000, "the bound never refused a claim");
+        };
+        assert!(matches!(refused, StoreError::Full { .. }) && refused.is_retryable());
+        assert!(
+            completed > 10,
+            "only {completed} records fit in {CAP} bytes"
+        );
+        assert_eq!(store.evicted_records(), 0);
+        for i in 0..completed {
+            match store.get(&scope, &key(i)).await.unwrap() {
+                Some(Record {
+                    state: RecordState::Completed { response },
+                    ..
+                }) => assert_eq!(response.body(), &body),
+                other => panic!("record {i} was lost: {other:?}"),
+            }
+        }
+        // Once they expire, new claims are taken again (moka's timer wheel removes expired
+        // entries with about a second of granularity).
+        tokio::time::sleep(retention + Duration::from_millis(1500)).await;
+        assert!(store.purge_expired(10_000).await.unwrap() as usize >= completed);
+        assert_eq!(
+            store
+                .claim(&scope, &key(completed), &fp, LeaseToken::new(), HOUR)
+                .await
+                .unwrap(),
+            ClaimOutcome::Claimed
+        );
+    }
 }

@@ -1,0 +1,322 @@
+//! The layer's cost through real HTTP: a small task API (POST creates a task in a
+//! `Mutex<HashMap>`) served by a child process with and without the idempotency layer on the
+//! memory store, driven over loopback keep-alive connections by this process, the variants
+//! interleaved in short rounds.
+//!
+//! `idempotency-bench serve-tasks --layer` runs the server; [`HttpBench`] starts both variants
+//! and measures them.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idempotency::{IdempotencyLayer, MemoryStore};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which server a round drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// The task API alone.
+    Plain,
+    /// The task API with the idempotency layer (memory store) on the POST route.
+    Layer,
+}
+
+/// What a round sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// A new key on every request: claim, handler, store.
+    FreshKeys,
+    /// One key, sent over and over: every request but the first is a replay.
+    Replay,
+}
+
+type Tasks = Arc<Mutex<HashMap<u64, String>>>;
+
+async fn create_task(
+    State(tasks): State<Tasks>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let title = String::from_utf8_lossy(&body).into_owned();
+    let user = headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("anonymous")
+        .to_owned();
+    let id = {
+        let mut tasks = tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let id = tasks.len() as u64 + 1;
+        tasks.insert(id, title.clone());
+        id
+    };
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "id": id, "user": user, "title": title })),
+    )
+}
+
+/// The task API; with `layer`, behind the idempotency layer on the memory store, scoped by the
+/// `x-user` header.
+pub fn tasks_app(layer: bool) -> Router {
+    let tasks: Tasks = Arc::default();
+    let route = post(create_task);
+    let route = if layer {
+        route.layer(
+            IdempotencyLayer::builder(MemoryStore::default())
+                .scope_with(|parts| {
+                    parts
+                        .headers
+                        .get("x-user")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|u| idempotency::Scope::new(u).ok())
+                })
+                .build(),
+        )
+    } else {
+        route
+    };
+    Router::new().route("/tasks", route).with_state(tasks)
+}
+
+/// Serves [`tasks_app`] on `listen` and prints `listening on <addr>` once bound.
+pub async fn serve(listen: SocketAddr, layer: bool) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, tasks_app(layer)).await
+}
+
+/// A server child process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// Starts `binary serve-tasks [--layer]` and waits until it listens.
+    pub async fn start(binary: &std::path::Path, variant: Variant) -> Result<Self, String> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut command = tokio::process::Command::new(binary);
+        command.args(["serve-tasks", "--listen", "127.0.0.1:0"]);
+        if variant == Variant::Layer {
+            command.arg("--layer");
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("could not start {}: {e}", binary.display()))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .map_err(|_| "the server did not start within 10 s".to_owned())?
+            .map_err(|e| e.to_string())?
+            .ok_or("the server exited before listening")?;
+        let addr = line
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| format!("unexpected first line: {line}"))?;
+        Ok(ServerProcess { child, addr })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// CPU time the process has used so far (user + system), from `/proc`.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let pid = self.child.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces) in parentheses.
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ is 100 on Linux.
+        Some(Duration::from_millis(ticks * 10))
+    }
+}
+
+/// One round's figures.
+#[derive(Clone, Copy, Debug)]
+pub struct Round {
+    /// Requests answered per second.
+    pub throughput: f64,
+    /// Median latency.
+    pub p50: Duration,
+    /// 99th percentile latency.
+    pub p99: Duration,
+    /// Server CPU time per request.
+    pub cpu_per_request: Option<Duration>,
+}
+
+/// Drives `connections` keep-alive connections at `server` for `length`, each sending its next
+/// request when the previous one is answered.
+pub async fn round(
+    server: &ServerProcess,
+    workload: Workload,
+    connections: usize,
+    length: Duration,
+) -> Result<Round, String> {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(connections)
+        .build_http();
+    let uri = format!("http://{}/tasks", server.addr());
+    let replay_key = uuid::Uuid::new_v4().to_string();
+    let cpu_before = server.cpu_time();
+    let started = Instant::now();
+    let deadline = started + length;
+    let mut workers = Vec::with_capacity(connections);
+    for worker in 0..connections {
+        let (client, uri, replay_key) = (client.clone(), uri.clone(), replay_key.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies =
+                hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+            let user = format!("user-{worker}");
+            while Instant::now() < deadline {
+                let key = match workload {
+                    Workload::FreshKeys => uuid::Uuid::new_v4().to_string(),
+                    Workload::Replay => replay_key.clone(),
+                };
+                let request = hyper::Request::post(&uri)
+                    .header("x-user", &user)
+                    .header("idempotency-key", key)
+                    .header("content-type", "text/plain")
+                    .body(Full::new(Bytes::from_static(b"write the report")))
+                    .map_err(|e| e.to_string())?;
+                let sent = Instant::now();
+                let response = client.request(request).await.map_err(|e| e.to_string())?;
+                let status = response.status();
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if status != hyper::StatusCode::CREATED {
+                    return Err(format!("unexpected {status}"));
+                }
+                latencies
+                    .record(sent.elapsed().as_micros() as u64)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(latencies)
+        }));
+    }
+    let mut all = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for worker in workers {
+        let latencies = worker.await.map_err(|e| e.to_string())??;
+        all.add(latencies).map_err(|e| e.to_string())?;
+    }
+    let elapsed = started.elapsed();
+    let requests = all.len();
+    let cpu_per_request = match (cpu_before, server.cpu_time()) {
+        (Some(before), Some(after)) if requests > 0 => Some((after - before) / requests as u32),
+        _ => None,
+    };
+    Ok(Round {
+        throughput: requests as f64 / elapsed.as_secs_f64(),
+        p50: Duration::from_micros(all.value_at_quantile(0.5)),
+        p99: Duration::from_micros(all.value_at_quantile(0.99)),
+        cpu_per_request,
+    })
+}
+
+/// Medians over interleaved rounds of one workload: each figure of the layer and its ratio to
+/// the plain server in the same round.
+#[derive(Clone, Debug)]
+pub struct HttpCompare {
+    /// What was sent.
+    pub workload: Workload,
+    /// Connections at once.
+    pub connections: usize,
+    /// Rounds per variant.
+    pub rounds: usize,
+    /// Median requests/s without the layer.
+    pub plain_throughput: f64,
+    /// Median requests/s with the layer.
+    pub layer_throughput: f64,
+    /// Median of per-round throughput ratios (layer / plain).
+    pub throughput_ratio: f64,
+    /// Median p99 without and with the layer.
+    pub plain_p99: Duration,
+    /// Median p99 with the layer.
+    pub layer_p99: Duration,
+    /// Median of per-round p99 ratios (layer / plain).
+    pub p99_ratio: f64,
+    /// Median server CPU per request without and with the layer.
+    pub plain_cpu: Option<Duration>,
+    /// Median server CPU per request with the layer.
+    pub layer_cpu: Option<Duration>,
+}
+
+/// The median of `values` (NaN-free).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Runs `rounds` rounds of each variant, interleaved (plain, layer, layer, plain, ...), each
+/// `length` long at `connections` connections.
+pub async fn compare(
+    plain: &ServerProcess,
+    layer: &ServerProcess,
+    workload: Workload,
+    connections: usize,
+    rounds: usize,
+    length: Duration,
+) -> Result<HttpCompare, String> {
+    let mut pairs = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        // Alternate which goes first, so neither always runs on a warmer or colder machine.
+        let (p, l) = if r % 2 == 0 {
+            let p = round(plain, workload, connections, length).await?;
+            (p, round(layer, workload, connections, length).await?)
+        } else {
+            let l = round(layer, workload, connections, length).await?;
+            (round(plain, workload, connections, length).await?, l)
+        };
+        pairs.push((p, l));
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let cpu = |pick: fn(&(Round, Round)) -> Option<Duration>| {
+        let values: Option<Vec<f64>> = pairs.iter().map(|pair| pick(pair).map(us)).collect();
+        values.map(|v| Duration::from_secs_f64(median(v) / 1e6))
+    };
+    Ok(HttpCompare {
+        workload,
+        connections,
+        rounds,
+        plain_throughput: median(pairs.iter().map(|(p, _)| p.throughput).collect()),
+        layer_throughput: median(pairs.iter().map(|(_, l)| l.throughput).collect()),
+        throughput_ratio: median(
+            pairs
+                .iter()
+                .map(|(p, l)| l.throughput / p.throughput)
+                .collect(),
+        ),
+        plain_p99: Duration::from_secs_f64(
+            median(pairs.iter().map(|(p, _)| us(p.p99)).collect()) / 1e6,
+        ),
+        layer_p99: Duration::from_secs_f64(
+            median(pairs.iter().map(|(_, l)| us(l.p99)).collect()) / 1e6,
+        ),
+        p99_ratio: median(pairs.iter().map(|(p, l)| us(l.p99) / us(p.p99)).collect()),
+        plain_cpu: cpu(|(p, _)| p.cpu_per_request),
+        layer_cpu: cpu(|(_, l)| l.cpu_per_request),
+    })
+}
