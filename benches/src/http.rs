@@ -3,7 +3,7 @@
 //! memory store, driven over loopback keep-alive connections by this process, the variants
 //! interleaved in short rounds.
 //!
-//! `idempotency-bench serve-tasks --layer` runs the server; [`HttpBench`] starts both variants
+//! `idempotency-bench serve-tasks --layer` runs the server; [`compare`] starts both variants
 //! and measures them.
 
 use axum::extract::State;
