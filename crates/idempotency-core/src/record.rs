@@ -11,7 +11,8 @@ use std::time::Duration;
 pub struct LeaseToken(uuid::Uuid);
 
 impl LeaseToken {
-    /// A new random token (122 random bits).
+    /// A new random token: 122 random bits from a thread-local CSPRNG seeded by the OS
+    /// (`uuid`'s `fast-rng`: no system call per token).
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
         LeaseToken(uuid::Uuid::new_v4())

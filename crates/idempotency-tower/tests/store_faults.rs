@@ -5,7 +5,7 @@
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -233,22 +233,31 @@ async fn duplicate_after_the_first_lease(path: &str) -> (StatusCode, (StatusCode
     let store = FaultyStore::new(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    duplicate_after_the_first_lease_on(&app, &runs, path).await
+}
+
+async fn duplicate_after_the_first_lease_on(
+    app: &Router,
+    runs: &Arc<AtomicUsize>,
+    path: &str,
+) -> (StatusCode, (StatusCode, Bytes)) {
+    let before = runs.load(Ordering::SeqCst);
     let first = tokio::spawn({
         let (app, path) = (app.clone(), path.to_owned());
         async move { send(&app, post_to(&path)).await }
     });
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let (duplicate, _) = send(&app, post_to(path)).await;
+    let (duplicate, _) = send(app, post_to(path)).await;
     let first = first.await.unwrap();
     if duplicate == StatusCode::CONFLICT {
-        let (status, body) = send(&app, post_to(path)).await;
+        let (status, body) = send(app, post_to(path)).await;
         assert_eq!(
             (status, &body),
             (first.0, &first.1),
             "the retry replays the first answer"
         );
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "{path} ran twice");
+    assert_eq!(runs.load(Ordering::SeqCst) - before, 1, "{path} ran twice");
     (duplicate, first)
 }
 
@@ -257,6 +266,33 @@ async fn duplicate_after_the_first_lease(path: &str) -> (StatusCode, (StatusCode
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_blocking_its_thread_keeps_its_lease() {
     let (duplicate, first) = duplicate_after_the_first_lease("/blocking").await;
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    assert_eq!(first.0, StatusCode::CREATED);
+}
+
+/// The same when earlier requests already started the engine's heartbeat driver and it sits
+/// idle: registering the blocking request must not leave the driver queued behind the blocked
+/// thread (where no other worker could run it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_blocking_its_thread_keeps_its_lease_after_other_requests() {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    for i in 0..3 {
+        let mut request = post_to("/orders");
+        request.headers_mut().insert(
+            "idempotency-key",
+            HeaderValue::from_str(&format!("8e03978e-40d5-43e8-bc93-6894a57f93{i:02}")).unwrap(),
+        );
+        assert_eq!(send(&app, request).await.0, StatusCode::CREATED);
+    }
+    // The driver has started, found nothing due and is waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (duplicate, first) = duplicate_after_the_first_lease_on(&app, &runs, "/blocking").await;
     assert_eq!(
         duplicate,
         StatusCode::CONFLICT,

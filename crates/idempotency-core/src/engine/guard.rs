@@ -1,10 +1,11 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store.
 
+use super::Shared;
+use super::heartbeat::Registration;
 use super::lease::Lease;
 use super::opener::TxOpener;
 use super::retry::{Op, retry_until, spawn_release};
-use super::{Shared, heartbeat};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{
     CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction, StoredResponse,
@@ -12,7 +13,6 @@ use crate::{
 use http::StatusCode;
 use std::fmt;
 use std::sync::Arc;
-use tokio::task::AbortHandle;
 
 /// What [`Guard::complete`] or [`Guard::release`] did with the request's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl Completion {
 }
 
 /// Proof that this request holds the claim on its key, from the claim until its outcome is
-/// stored. While it lives, a heartbeat on its own task extends the lease (when
+/// stored. While it lives, a heartbeat extends the lease (when
 /// [`EngineConfig::heartbeat`](crate::EngineConfig::heartbeat) is on), so neither a slow
 /// handler, nor a handler blocking its thread, nor a slow response body lets the lease run out.
 ///
@@ -78,7 +78,10 @@ impl Completion {
 pub struct Guard<S: IdempotencyStore + 'static> {
     shared: Arc<Shared<S>>,
     lease: Lease,
-    heartbeat: Option<AbortHandle>,
+    /// Its place in the heartbeat schedule, until it stops.
+    heartbeat: Option<Registration>,
+    /// Registering started the engine's heartbeat driver on this thread.
+    started_driver: bool,
     transaction: Option<TransactionSlot>,
     /// Still holds the claim: neither completed nor released.
     holding: bool,
@@ -95,12 +98,12 @@ impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
     pub(crate) fn new(shared: Arc<Shared<S>>, lease: Lease) -> Self {
-        let heartbeat = shared.config.heartbeat.then(|| {
-            shared
-                .tasks
-                .spawn(heartbeat::run(Arc::clone(&shared), lease.clone()))
-                .abort_handle()
-        });
+        let (heartbeat, started_driver) = if shared.config.heartbeat {
+            let (registration, started) = shared.heartbeats.register(&shared, &lease);
+            (Some(registration), started)
+        } else {
+            (None, false)
+        };
         let transaction = shared.store.transactional().is_some().then(|| {
             TransactionSlot::new(Box::new(TxOpener {
                 shared: Arc::clone(&shared),
@@ -111,13 +114,15 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             shared,
             lease,
             heartbeat,
+            started_driver,
             transaction,
             holding: true,
         }
     }
 
-    pub(crate) fn has_heartbeat(&self) -> bool {
-        self.heartbeat.is_some()
+    /// Registering this request started the engine's heartbeat driver on this thread.
+    pub(crate) fn started_heartbeat_driver(&self) -> bool {
+        self.started_driver
     }
 
     /// The claim as the handler sees it: key, scope, fencing token, whether it is still held.
@@ -333,8 +338,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     fn stop_heartbeat(&mut self) {
-        if let Some(heartbeat) = self.heartbeat.take() {
-            heartbeat.abort();
+        if let Some(registration) = self.heartbeat.take() {
+            self.lease.stop_heartbeat();
+            self.shared.heartbeats.unregister(registration);
         }
     }
 

@@ -3,7 +3,7 @@
 use crate::{IdempotencyKey, LeaseToken, Scope};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -43,6 +43,8 @@ struct State {
     /// successful claim or extension plus the lease, so never later than the store's end.
     deadline_ms: AtomicU64,
     phase: AtomicU8,
+    /// The request no longer wants its lease extended (it is storing or releasing its outcome).
+    heartbeat_stopped: AtomicBool,
     changed: Notify,
 }
 
@@ -63,6 +65,7 @@ impl Lease {
             base: claimed_at,
             deadline_ms: AtomicU64::new(millis(length)),
             phase: AtomicU8::new(HELD),
+            heartbeat_stopped: AtomicBool::new(false),
             changed: Notify::new(),
         }))
     }
@@ -144,6 +147,36 @@ impl Lease {
             .is_ok()
         {
             self.0.changed.notify_waiters();
+        }
+    }
+
+    /// The request is storing or releasing its outcome: its heartbeat stops.
+    pub(crate) fn stop_heartbeat(&self) {
+        if !self.0.heartbeat_stopped.swap(true, Ordering::AcqRel) {
+            self.0.changed.notify_waiters();
+        }
+    }
+
+    /// Whether the heartbeat should (still) extend this lease: held, and not stopped.
+    pub(crate) fn heartbeat_wanted(&self) -> bool {
+        self.0.phase.load(Ordering::Acquire) == HELD
+            && !self.0.heartbeat_stopped.load(Ordering::Acquire)
+    }
+
+    /// Sleeps for `period` unless the heartbeat stops first; returns whether it is still wanted.
+    pub(crate) async fn sleep_while_heartbeat_wanted(&self, period: Duration) -> bool {
+        let until = Instant::now() + period;
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.heartbeat_wanted() {
+                return false;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(until) => return self.heartbeat_wanted(),
+            }
         }
     }
 

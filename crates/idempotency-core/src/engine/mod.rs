@@ -88,6 +88,14 @@ pub(crate) struct Shared<S> {
     pub(crate) store: S,
     /// Background work (heartbeats, deferred completions and releases).
     pub(crate) tasks: TaskTracker,
+    /// Requests waiting for their first heartbeat.
+    pub(crate) heartbeats: Arc<heartbeat::Schedule>,
+}
+
+impl<S> Drop for Shared<S> {
+    fn drop(&mut self) {
+        self.heartbeats.close();
+    }
 }
 
 /// Turns requests into [`Begin`] decisions over a store. Cheap to clone.
@@ -120,6 +128,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     pub fn new(store: S, config: EngineConfig) -> Self {
         Engine {
             shared: Arc::new(Shared {
+                heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -206,11 +215,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             let record = match outcome {
                 Ok(ClaimOutcome::Claimed) => {
                     let guard = pending.into_guard();
-                    if guard.has_heartbeat() {
+                    if guard.started_heartbeat_driver() {
                         // A task spawned on a worker thread sits in that worker's LIFO slot,
                         // which no other worker can steal from: if the handler then blocks this
-                        // thread, the heartbeat would never start. Yielding once lets it start
-                        // (arming its timer), so its later wake-ups run on any free worker.
+                        // thread, the heartbeat driver would never start. Yielding once lets it
+                        // start (arming its timer), so its later wake-ups run on any free
+                        // worker. Only the request that started the driver pays for this.
                         tokio::task::yield_now().await;
                     }
                     return Ok(Begin::Proceed(guard));
