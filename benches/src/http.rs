@@ -39,6 +39,16 @@ pub enum Workload {
     Replay,
 }
 
+impl Workload {
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::FreshKeys => "fresh keys",
+            Workload::Replay => "replay",
+        }
+    }
+}
+
 type Tasks = Arc<Mutex<HashMap<u64, String>>>;
 
 async fn create_task(

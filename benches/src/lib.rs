@@ -238,6 +238,48 @@ pub fn bench_response() -> StoredResponse {
     )
 }
 
+/// The Postgres store's claim and complete of a fresh `key`, sent on `client` with its
+/// prepared statements: the raw-driver side of the floors.
+pub async fn pg_claim_complete(
+    client: &tokio_postgres::Client,
+    claim: &tokio_postgres::Statement,
+    complete: &tokio_postgres::Statement,
+    key: &str,
+    response: &[u8],
+) -> Result<(), String> {
+    let scope = bench_scope();
+    let fp = bench_fingerprint().to_bytes();
+    let token = LeaseToken::new();
+    client
+        .query(
+            claim,
+            &[
+                &scope.as_str(),
+                &key,
+                &&fp[..],
+                &token.as_uuid(),
+                &LEASE.as_secs_f64(),
+            ],
+        )
+        .await
+        .map_err(err)?;
+    client
+        .execute(
+            complete,
+            &[
+                &scope.as_str(),
+                &key,
+                &token.as_uuid(),
+                &201i32,
+                &response,
+                &RETENTION.as_secs_f64(),
+            ],
+        )
+        .await
+        .map_err(err)?;
+    Ok(())
+}
+
 /// Lease and retention used by the benches.
 pub const LEASE: Duration = Duration::from_secs(60);
 /// Retention used by the benches.
@@ -320,35 +362,7 @@ impl Raw {
                 client,
                 claim,
                 complete,
-            } => {
-                client
-                    .query(
-                        &*claim,
-                        &[
-                            &scope.as_str(),
-                            &key,
-                            &&fp[..],
-                            &token.as_uuid(),
-                            &LEASE.as_secs_f64(),
-                        ],
-                    )
-                    .await
-                    .map_err(err)?;
-                client
-                    .execute(
-                        &*complete,
-                        &[
-                            &scope.as_str(),
-                            &key,
-                            &token.as_uuid(),
-                            &201i32,
-                            &response,
-                            &RETENTION.as_secs_f64(),
-                        ],
-                    )
-                    .await
-                    .map_err(err)?;
-            }
+            } => pg_claim_complete(client, claim, complete, key, response).await?,
             Raw::Redis {
                 connection,
                 claim,

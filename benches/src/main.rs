@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Runs the workload on every reachable store and table mode and writes the report.
-    Report(report::Args),
+    Report(Box<report::Args>),
     /// Sends a duplicate-heavy mix to the demo service on each store and counts double
     /// executions; fails when there is one.
     Load(LoadArgs),
@@ -89,7 +89,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     match cli.command {
-        Command::Report(args) => match runtime.block_on(report::run(args)) {
+        Command::Report(args) => match runtime.block_on(report::run(*args)) {
             Ok(path) => {
                 println!("report written to {}", path.display());
                 std::process::ExitCode::SUCCESS
@@ -147,7 +147,8 @@ async fn http_rows(args: &HttpArgs) -> Result<(), String> {
             })
         };
         println!(
-            "| {workload:?} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
+            "| {} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
+            workload.name(),
             c.plain_throughput,
             c.layer_throughput,
             c.throughput_ratio,

@@ -7,7 +7,7 @@ use idempotency::{
 };
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
-    bench_scope, err, fresh_key,
+    bench_scope, err, fresh_key, pg_claim_complete,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +33,39 @@ pub(crate) struct Floor {
     pub(crate) raw_us: f64,
     pub(crate) ping_us: f64,
     pub(crate) ratio: f64,
+}
+
+/// Library vs raw driver with many clients at once: each side runs `clients` tasks doing
+/// claim+complete of fresh keys on the store's pool of `pool` connections, the library through
+/// its API, the raw side with the same prepared statements; interleaved rounds.
+#[derive(Debug)]
+pub(crate) struct ConcurrentFloor {
+    pub(crate) target: Target,
+    pub(crate) clients: usize,
+    pub(crate) pool: usize,
+    pub(crate) rounds: usize,
+    pub(crate) ops_per_client: usize,
+    /// Median operations/s per side.
+    pub(crate) library_ops: f64,
+    pub(crate) raw_ops: f64,
+    /// Median per-operation latency (µs), median over rounds.
+    pub(crate) library_p50_us: f64,
+    pub(crate) raw_p50_us: f64,
+    /// Median over rounds of (raw ops/s / library ops/s): the library's time per operation
+    /// over the floor's.
+    pub(crate) ratio: f64,
+}
+
+/// The library at `clients` clients over a pool of `pool` connections.
+#[derive(Debug)]
+pub(crate) struct PoolSweep {
+    pub(crate) clients: usize,
+    pub(crate) pool: usize,
+    pub(crate) rounds: usize,
+    /// Medians over rounds.
+    pub(crate) ops: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
 }
 
 /// One store's claim+complete latency in the interleaved comparison.
@@ -358,4 +391,154 @@ pub(crate) async fn pg_volume(
         bytes_per_row: size / rows.max(1) as f64,
         rows,
     })
+}
+
+/// Runs `clients` tasks each doing `ops` claim+complete operations of fresh keys, through the
+/// library, or (`raw`) with the store's own statements on connections taken from the store's
+/// own pool, one per task for the round; returns ops/s and the median latency in µs.
+async fn concurrent_side(
+    connected: &Connected,
+    raw: bool,
+    clients: usize,
+    ops: usize,
+) -> Result<(f64, f64, f64), String> {
+    let pg = connected
+        .postgres
+        .clone()
+        .ok_or("the many-clients floor needs a Postgres target")?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let store = Arc::clone(&connected.store);
+        let pg = pg.clone();
+        tasks.spawn(async move {
+            let scope = bench_scope();
+            let fp = bench_fingerprint();
+            let response = bench_response();
+            let encoded = response.encode();
+            let mut latencies = Vec::with_capacity(ops);
+            if raw {
+                let client = pg.pool().get().await.map_err(err)?;
+                let claim = client
+                    .prepare_cached(pg.statements().claim)
+                    .await
+                    .map_err(err)?;
+                let complete = client
+                    .prepare_cached(pg.statements().complete)
+                    .await
+                    .map_err(err)?;
+                for _ in 0..ops {
+                    let t = Instant::now();
+                    pg_claim_complete(&client, &claim, &complete, fresh_key().as_str(), &encoded)
+                        .await?;
+                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            } else {
+                for _ in 0..ops {
+                    let t = Instant::now();
+                    let (key, token) = (fresh_key(), LeaseToken::new());
+                    store
+                        .claim(&scope, &key, &fp, token, LEASE)
+                        .await
+                        .map_err(err)?;
+                    let _ = store
+                        .complete(&scope, &key, token, &response, RETENTION)
+                        .await
+                        .map_err(err)?;
+                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            Ok::<_, String>(latencies)
+        });
+    }
+    let mut all = Vec::with_capacity(clients * ops);
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done.map_err(err)??);
+    }
+    let ops_per_s = all.len() as f64 / started.elapsed().as_secs_f64();
+    let p50 = median(&mut all);
+    Ok((
+        ops_per_s,
+        p50,
+        all.get(all.len() * 99 / 100).copied().unwrap_or(f64::NAN),
+    ))
+}
+
+/// The library against the raw driver at `clients` clients, both on the store's pool of
+/// `pool` connections.
+pub(crate) async fn concurrent_floor(
+    connected: &Connected,
+    target: Target,
+    clients: usize,
+    pool: usize,
+    rounds: usize,
+    ops: usize,
+) -> Result<ConcurrentFloor, String> {
+    let (mut lib_ops, mut raw_ops, mut lib_p50, mut raw_p50, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Warm both sides (every connection opened, statements prepared) before measuring.
+    concurrent_side(connected, false, clients, 5).await?;
+    concurrent_side(connected, true, clients, 5).await?;
+    for round in 0..rounds {
+        let (l, r) = if round % 2 == 0 {
+            let l = concurrent_side(connected, false, clients, ops).await?;
+            (l, concurrent_side(connected, true, clients, ops).await?)
+        } else {
+            let r = concurrent_side(connected, true, clients, ops).await?;
+            (concurrent_side(connected, false, clients, ops).await?, r)
+        };
+        lib_ops.push(l.0);
+        raw_ops.push(r.0);
+        lib_p50.push(l.1);
+        raw_p50.push(r.1);
+        ratios.push(r.0 / l.0);
+    }
+    Ok(ConcurrentFloor {
+        target,
+        clients,
+        pool,
+        rounds,
+        ops_per_client: ops,
+        library_ops: median(&mut lib_ops),
+        raw_ops: median(&mut raw_ops),
+        library_p50_us: median(&mut lib_p50),
+        raw_p50_us: median(&mut raw_p50),
+        ratio: median(&mut ratios),
+    })
+}
+
+/// The library at `clients` clients over each of `pools` (connected stores of those pool
+/// sizes), interleaved: each round runs every pool once, in a rotating order.
+pub(crate) async fn pool_sweep(
+    pools: &[(usize, Connected)],
+    clients: usize,
+    rounds: usize,
+    ops: usize,
+) -> Result<Vec<PoolSweep>, String> {
+    let mut figures: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
+        pools.iter().map(|_| Default::default()).collect();
+    for (_, c) in pools {
+        concurrent_side(c, false, clients, 5).await?;
+    }
+    for round in 0..rounds {
+        for i in 0..pools.len() {
+            let i = (i + round) % pools.len();
+            let (ops_s, p50, p99) = concurrent_side(&pools[i].1, false, clients, ops).await?;
+            figures[i].0.push(ops_s);
+            figures[i].1.push(p50);
+            figures[i].2.push(p99);
+        }
+    }
+    Ok(pools
+        .iter()
+        .zip(figures)
+        .map(|((pool, _), (mut o, mut p50, mut p99))| PoolSweep {
+            clients,
+            pool: *pool,
+            rounds,
+            ops: median(&mut o),
+            p50_us: median(&mut p50),
+            p99_us: median(&mut p99),
+        })
+        .collect())
 }

@@ -6,9 +6,14 @@ mod measure;
 mod probe;
 mod render;
 
+use idempotency::TableMode;
+use idempotency_bench::http::{self, HttpCompare};
 use idempotency_bench::{Servers, Target, connect, err};
 use indicatif::{ProgressBar, ProgressStyle};
-use measure::{Cell, Compare, Floor, PgVolume, floor, interleaved, pg_volume, workload};
+use measure::{
+    Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep, concurrent_floor, floor,
+    interleaved, pg_volume, pool_sweep, workload,
+};
 use std::path::PathBuf;
 
 /// Settings of one report run.
@@ -42,6 +47,29 @@ pub(crate) struct Args {
     /// Claim+complete operations measured for WAL bytes per operation.
     #[arg(long, default_value_t = 2000)]
     wal_ops: usize,
+    /// Client counts of the many-clients floor (PostgreSQL UNLOGGED, library vs raw driver on
+    /// pools of that size).
+    #[arg(long, value_delimiter = ',', default_values_t = [32usize, 64])]
+    floor_clients: Vec<usize>,
+    /// Pool sizes compared at the largest of `--floor-clients` (all connected at once: keep
+    /// their sum under the server's `max_connections`).
+    #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8, 16, 32])]
+    sweep_pools: Vec<usize>,
+    /// Interleaved rounds of the many-clients floor.
+    #[arg(long, default_value_t = 9)]
+    concurrent_floor_rounds: usize,
+    /// Operations per client in each round of the many-clients floor.
+    #[arg(long, default_value_t = 40)]
+    concurrent_floor_ops: usize,
+    /// Interleaved rounds per variant of the HTTP comparison (layer vs no layer); 0 skips it.
+    #[arg(long, default_value_t = 5)]
+    http_rounds: usize,
+    /// Length of one HTTP round, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    http_seconds: f64,
+    /// Keep-alive connections of the HTTP comparison.
+    #[arg(long, default_value_t = 32)]
+    http_connections: usize,
     /// Capacity model: idempotent writes per user per day.
     #[arg(long, default_value_t = 20.0)]
     writes_per_user_per_day: f64,
@@ -68,6 +96,7 @@ pub(crate) struct Settings {
     pub(crate) floor_rounds: usize,
     pub(crate) floor_ops: usize,
     pub(crate) wal_ops: usize,
+    pub(crate) http_seconds: f64,
     pub(crate) model: Model,
 }
 
@@ -81,7 +110,13 @@ pub(crate) struct Results {
     /// UNLOGGED prepared, unnamed, and through PgBouncer (ratios to prepared).
     pub(crate) pooler: Vec<Compare>,
     pub(crate) floors: Vec<Floor>,
+    /// PostgreSQL UNLOGGED with many clients, library vs raw driver.
+    pub(crate) concurrent_floors: Vec<ConcurrentFloor>,
+    /// PostgreSQL UNLOGGED at the most clients over pools of several sizes.
+    pub(crate) pool_sweep: Vec<PoolSweep>,
     pub(crate) volumes: Vec<PgVolume>,
+    /// The layer vs the same handler without it, through HTTP (fresh keys, replays).
+    pub(crate) http: Vec<HttpCompare>,
     /// Stores that could not be reached, and why.
     pub(crate) skipped: Vec<String>,
     pub(crate) fsync_after_us: Option<f64>,
@@ -98,7 +133,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         pgbouncer: args.pgbouncer.clone(),
     };
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
-    let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 4;
+    let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 7;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -169,6 +204,53 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     for (_, c) in &connected {
         c.cleanup().await;
     }
+    drop(connected);
+    let mut concurrent_floors = Vec::new();
+    let target = Target::Postgres(TableMode::Unlogged);
+    for &clients in &args.floor_clients {
+        progress.set_message(format!(
+            "{}: raw driver at {clients} clients",
+            target.name()
+        ));
+        match connect(target, &servers, clients).await {
+            Ok(c) => {
+                concurrent_floors.push(
+                    concurrent_floor(
+                        &c,
+                        target,
+                        clients,
+                        clients,
+                        args.concurrent_floor_rounds,
+                        args.concurrent_floor_ops,
+                    )
+                    .await?,
+                );
+                c.cleanup().await;
+            }
+            Err(why) => skipped.push(format!("{} at {clients} clients: {why}", target.name())),
+        }
+    }
+    let mut pools = Vec::new();
+    for &pool in &args.sweep_pools {
+        match connect(target, &servers, pool).await {
+            Ok(c) => pools.push((pool, c)),
+            Err(why) => skipped.push(format!("{} with a pool of {pool}: {why}", target.name())),
+        }
+    }
+    let sweep_clients = args.floor_clients.iter().copied().max().unwrap_or(64);
+    progress.set_message(format!("pool sizes at {sweep_clients} clients"));
+    let pool_sweep = pool_sweep(
+        &pools,
+        sweep_clients,
+        args.concurrent_floor_rounds,
+        args.concurrent_floor_ops,
+    )
+    .await?;
+    for (_, c) in &pools {
+        c.cleanup().await;
+    }
+    drop(pools);
+    progress.inc(1);
 
     // Phase 3: what a transaction-mode pooler costs: prepared vs unnamed statements directly,
     // and unnamed through PgBouncer, interleaved.
@@ -188,6 +270,15 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     for (_, c) in &pooler_targets {
         c.cleanup().await;
     }
+
+    // Phase 4: the layer through real HTTP, against the same handler without it.
+    progress.set_message("the layer through HTTP");
+    let http = if args.http_rounds == 0 {
+        Vec::new()
+    } else {
+        http_compare(&args).await?
+    };
+    progress.inc(1);
     let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
     progress.finish_with_message("done");
 
@@ -212,6 +303,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
             floor_rounds: args.floor_rounds,
             floor_ops: args.floor_ops,
             wal_ops: args.wal_ops,
+            http_seconds: args.http_seconds,
             model: Model {
                 writes_per_user_per_day: args.writes_per_user_per_day,
                 peak_factor: args.peak_factor,
@@ -223,7 +315,10 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         compares,
         pooler,
         floors,
+        concurrent_floors,
+        pool_sweep,
         volumes,
+        http,
         skipped,
         fsync_after_us,
         chart_file,
@@ -231,4 +326,27 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     let md = render::markdown(&results).map_err(err)?;
     std::fs::write(&args.out, md).map_err(|e| format!("writing {}: {e}", args.out.display()))?;
     Ok(args.out)
+}
+
+/// Both task-API servers (this binary, `serve-tasks`), fresh keys then replays, interleaved.
+async fn http_compare(args: &Args) -> Result<Vec<HttpCompare>, String> {
+    let binary = std::env::current_exe().map_err(err)?;
+    let plain = http::ServerProcess::start(&binary, http::Variant::Plain).await?;
+    let layer = http::ServerProcess::start(&binary, http::Variant::Layer).await?;
+    let length = std::time::Duration::try_from_secs_f64(args.http_seconds).map_err(err)?;
+    let mut compares = Vec::new();
+    for workload in [http::Workload::FreshKeys, http::Workload::Replay] {
+        compares.push(
+            http::compare(
+                &plain,
+                &layer,
+                workload,
+                args.http_connections,
+                args.http_rounds,
+                length,
+            )
+            .await?,
+        );
+    }
+    Ok(compares)
 }

@@ -2,9 +2,10 @@
 
 use super::Model;
 use super::Results;
-use super::measure::{Cell, Compare, Floor, PgVolume};
+use super::measure::{Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep};
 use idempotency::TableMode;
 use idempotency_bench::Target;
+use idempotency_bench::http::HttpCompare;
 use std::fmt::{self, Write as _};
 
 /// The report, in Markdown.
@@ -16,7 +17,10 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         compares,
         pooler,
         floors,
+        concurrent_floors,
+        pool_sweep,
         volumes,
+        http,
         skipped,
         fsync_after_us,
         chart_file,
@@ -162,6 +166,8 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
             f.ping_us
         )?;
     }
+    concurrent_floor_section(w, concurrent_floors)?;
+    pool_sweep_section(w, pool_sweep)?;
     writeln!(
         w,
         "\n## PostgreSQL: WAL and size\n\nWAL from `pg_current_wal_lsn()` before and after {} claim+complete operations at one client \
@@ -185,6 +191,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
             v.rows
         )?;
     }
+    http_section(w, http, settings.http_seconds)?;
     capacity(w, &settings.model, cells, volumes)?;
     verdict(
         w,
@@ -196,6 +203,121 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         *fsync_after_us,
     )?;
     Ok(md)
+}
+
+/// The library against the raw driver with many clients.
+fn concurrent_floor_section(w: &mut String, floors: &[ConcurrentFloor]) -> fmt::Result {
+    let Some(first) = floors.first() else {
+        return Ok(());
+    };
+    writeln!(
+        w,
+        "\n### With many clients\n\nEach side runs N tasks at once, each doing claim+complete of fresh keys on the store's pool of \
+         N connections: the library through its API, the raw side with the store's own prepared statements sent by \
+         tokio-postgres on a connection taken from that pool for the whole round. {} interleaved rounds of \
+         {} operations per task; medians over the rounds. The ratio is the raw side's operations/s over the library's \
+         in the same round (the library's time per operation over the floor's).\n",
+        first.rounds, first.ops_per_client
+    )?;
+    writeln!(
+        w,
+        "| store | clients | pool | library ops/s | raw ops/s | library p50 µs | raw p50 µs | library / raw |"
+    )?;
+    writeln!(
+        w,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    for f in floors {
+        writeln!(
+            w,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            f.target.name(),
+            f.clients,
+            f.pool,
+            f.library_ops,
+            f.raw_ops,
+            f.library_p50_us,
+            f.raw_p50_us,
+            f.ratio
+        )?;
+    }
+    Ok(())
+}
+
+/// The library at many clients over pools of different sizes.
+fn pool_sweep_section(w: &mut String, sweep: &[PoolSweep]) -> fmt::Result {
+    let Some(first) = sweep.first() else {
+        return Ok(());
+    };
+    writeln!(
+        w,
+        "\n### Pool size for many clients\n\n{} clients doing claim+complete of fresh keys through the library on \
+         PostgreSQL UNLOGGED, over pools of different sizes (all connected at once, {} interleaved rounds rotating the \
+         order). Ratio: operations/s over the best pool's.\n",
+        first.clients, first.rounds
+    )?;
+    writeln!(w, "| pool | ops/s | p50 µs | p99 µs | ops/s vs best |")?;
+    writeln!(w, "| ---: | ---: | ---: | ---: | ---: |")?;
+    let best = sweep.iter().map(|p| p.ops).fold(f64::NAN, f64::max);
+    for p in sweep {
+        writeln!(
+            w,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            p.pool,
+            p.ops,
+            p.p50_us,
+            p.p99_us,
+            p.ops / best
+        )?;
+    }
+    Ok(())
+}
+
+/// The layer through real HTTP.
+fn http_section(w: &mut String, http: &[HttpCompare], seconds: f64) -> fmt::Result {
+    let Some(first) = http.first() else {
+        return Ok(());
+    };
+    writeln!(
+        w,
+        "\n## The layer through HTTP\n\nA task API (POST creates a task in a `Mutex<HashMap>`), served by a child process \
+         with and without `IdempotencyLayer` on `MemoryStore::default()`, driven by this process over {} keep-alive \
+         loopback connections; client and server share the machine's cores. {} interleaved rounds of {seconds} s per \
+         variant (alternating which goes first); medians of the per-round figures and of the per-round ratios. \
+         Fresh keys: every request has a new key (claim, handler, capture, complete). Replay: every request repeats \
+         one completed key. Server CPU per request is the server process's user+system time over the requests it \
+         answered.\n",
+        first.connections, first.rounds
+    )?;
+    writeln!(
+        w,
+        "| workload | req/s without | req/s with | ratio | p99 without | p99 with | ratio | server CPU/req without | with |"
+    )?;
+    writeln!(
+        w,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    let us = |d: Option<std::time::Duration>| {
+        d.map_or("?".to_owned(), |d| {
+            format!("{:.1} µs", d.as_secs_f64() * 1e6)
+        })
+    };
+    for c in http {
+        writeln!(
+            w,
+            "| {} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
+            c.workload.name(),
+            c.plain_throughput,
+            c.layer_throughput,
+            c.throughput_ratio,
+            c.plain_p99.as_secs_f64() * 1e3,
+            c.layer_p99.as_secs_f64() * 1e3,
+            c.p99_ratio,
+            us(c.plain_cpu),
+            us(c.layer_cpu),
+        )?;
+    }
+    Ok(())
 }
 
 pub(crate) fn best_throughput(cells: &[Cell], target: Target) -> Option<f64> {

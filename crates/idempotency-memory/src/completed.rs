@@ -1,6 +1,6 @@
 //! Completed records: a moka cache of encoded responses, weighed by what they cost in memory.
 
-use crate::id::RecordId;
+use crate::id::{CarriedHash, RecordId};
 use bytes::Bytes;
 use idempotency_core::{DecodeError, Fingerprint, StoredResponse};
 use moka::notification::RemovalCause;
@@ -91,7 +91,7 @@ impl moka::Expiry<RecordId, Arc<Completed>> for CompletedExpiry {
 
 /// The cache and its accounting.
 pub(crate) struct CompletedRecords {
-    cache: moka::sync::Cache<RecordId, Arc<Completed>, foldhash::fast::RandomState>,
+    cache: moka::sync::Cache<RecordId, Arc<Completed>, CarriedHash>,
     /// Bytes of the entries in the cache, by [`Completed::weight`], kept by this store (moka's own
     /// figure is only exact after its maintenance runs).
     bytes: Arc<AtomicU64>,
@@ -105,7 +105,11 @@ impl CompletedRecords {
         let bytes = Arc::new(AtomicU64::new(0));
         let evicted = Arc::new(AtomicU64::new(0));
         let (listener_bytes, listener_evicted) = (Arc::clone(&bytes), Arc::clone(&evicted));
+        // Sized up front for the records a full store holds (small responses), so the table
+        // does not rehash its way up while the store fills; a bucket is one pointer.
+        let expected = (max_bytes / (ENTRY_OVERHEAD as u64 + 128)).min(1 << 20);
         let mut builder = moka::sync::Cache::builder()
+            .initial_capacity(usize::try_from(expected).unwrap_or(1 << 20))
             .weigher(|id: &RecordId, record: &Arc<Completed>| {
                 u32::try_from(Completed::weight(id, record)).unwrap_or(u32::MAX)
             })
@@ -123,7 +127,7 @@ impl CompletedRecords {
                 .eviction_policy(EvictionPolicy::lru());
         }
         CompletedRecords {
-            cache: builder.build_with_hasher(foldhash::fast::RandomState::default()),
+            cache: builder.build_with_hasher(CarriedHash),
             bytes,
             evicted,
             max_bytes,

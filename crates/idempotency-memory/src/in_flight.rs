@@ -1,10 +1,10 @@
 //! The claims of running requests: a sharded hash table that is never evicted, bounded by a
-//! count. Each operation hashes the record id once, locks one shard, and touches one slot.
+//! count. Each operation reads the hash its record id carries, locks one shard, and touches one
+//! slot.
 
-use crate::id::RecordId;
+use crate::id::{RecordId, hash_of};
 use hashbrown::HashTable;
 use idempotency_core::{Fingerprint, LeaseToken};
-use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -24,27 +24,24 @@ pub(crate) type Shard = HashTable<(RecordId, Claim)>;
 /// The sharded table.
 pub(crate) struct Claims {
     shards: Box<[Mutex<Shard>]>,
-    hasher: foldhash::fast::RandomState,
 }
 
 /// A shard, locked, and the hash of the id it was locked for.
 pub(crate) struct Locked<'a> {
     pub(crate) shard: MutexGuard<'a, Shard>,
     hash: u64,
-    hasher: &'a foldhash::fast::RandomState,
 }
 
 impl Claims {
     pub(crate) fn new() -> Self {
         Claims {
             shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
     /// Locks the shard of `id`.
     pub(crate) fn lock(&self, id: &[u8]) -> Locked<'_> {
-        let hash = self.hasher.hash_one(id);
+        let hash = hash_of(id);
         // The top bits pick the shard; hashbrown uses the low ones (and the top 7 as tags, which
         // stay spread within a shard because the hash is 64 bits wide).
         let index = (hash >> 58) as usize % SHARDS;
@@ -52,11 +49,7 @@ impl Claims {
         let shard = self.shards[index]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        Locked {
-            shard,
-            hash,
-            hasher: &self.hasher,
-        }
+        Locked { shard, hash }
     }
 
     /// Every shard in turn, locked (for purging).
@@ -90,8 +83,7 @@ impl Locked<'_> {
 
     /// Inserts a claim for an id that has none.
     pub(crate) fn insert(&mut self, id: RecordId, claim: Claim) {
-        let hasher = self.hasher;
         self.shard
-            .insert_unique(self.hash, (id, claim), |(k, _)| hasher.hash_one(&**k));
+            .insert_unique(self.hash, (id, claim), |(k, _)| hash_of(k));
     }
 }

@@ -101,6 +101,7 @@ impl MemoryStoreBuilder {
     pub fn build(self) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
+                ids: foldhash::fast::RandomState::default(),
                 claims: Claims::new(),
                 in_flight: AtomicUsize::new(0),
                 max_in_flight: self.max_in_flight,
@@ -111,6 +112,8 @@ impl MemoryStoreBuilder {
 }
 
 struct Inner {
+    /// Seeds the hash every record id carries.
+    ids: foldhash::fast::RandomState,
     claims: Claims,
     in_flight: AtomicUsize,
     max_in_flight: usize,
@@ -208,7 +211,7 @@ impl MemoryStore {
         token: LeaseToken,
         f: impl FnOnce(Box<[u8]>, Claim),
     ) -> FenceOutcome {
-        let id = IdBuf::new(scope, key);
+        let id = IdBuf::new(&self.inner.ids, scope, key);
         let id = id.as_bytes();
         let mut claims = self.inner.claims.lock(id);
         let now = Instant::now();
@@ -239,7 +242,7 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let id = IdBuf::new(scope, key);
+        let id = IdBuf::new(&self.inner.ids, scope, key);
         let mut claims = self.inner.claims.lock(id.as_bytes());
         let now = Instant::now();
         if let Some(record) = self.live_record(&mut claims, id.as_bytes(), now)? {
@@ -296,7 +299,7 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let id = IdBuf::new(scope, key);
+        let id = IdBuf::new(&self.inner.ids, scope, key);
         let mut claims = self.inner.claims.lock(id.as_bytes());
         let now = Instant::now();
         match claims.get_mut(id.as_bytes()) {
@@ -318,7 +321,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let id = IdBuf::new(scope, key);
+        let id = IdBuf::new(&self.inner.ids, scope, key);
         let mut claims = self.inner.claims.lock(id.as_bytes());
         self.live_record(&mut claims, id.as_bytes(), Instant::now())
     }

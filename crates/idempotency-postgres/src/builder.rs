@@ -94,7 +94,11 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Connections in the pool built from a URL (default 16).
+    /// Connections in the pool built from a URL (default 16). Size it by the database server's
+    /// cores, not by your request concurrency: about 2-4 connections per core, shared by any
+    /// number of concurrent requests. On a 2-core server, 64 concurrent clients did best on 8
+    /// connections and 0.71x as well on 64 (`docs/benchmarks.md`, "PostgreSQL with many
+    /// clients").
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size.max(1);
         self
