@@ -301,6 +301,41 @@ async fn a_handler_blocking_its_thread_keeps_its_lease_after_other_requests() {
     assert_eq!(first.0, StatusCode::CREATED);
 }
 
+/// A layer built once and used on a second runtime after the first one shut down (tests, or a
+/// server restarted in-process): the heartbeat driver died with the first runtime, and the
+/// next request starts a new one, so a slow request there still keeps its key.
+#[test]
+fn the_heartbeat_survives_the_runtime_that_started_it() {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    first.block_on(async {
+        let mut request = post_to("/orders");
+        request.headers_mut().insert(
+            "idempotency-key",
+            HeaderValue::from_static("8e03978e-40d5-43e8-bc93-6894a57f9300"),
+        );
+        assert_eq!(send(&app, request).await.0, StatusCode::CREATED);
+    });
+    drop(first);
+    let (duplicate, first) =
+        runtime().block_on(duplicate_after_the_first_lease_on(&app, &runs, "/blocking"));
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    assert_eq!(first.0, StatusCode::CREATED);
+}
+
 /// A response whose body takes longer than the lease to arrive keeps its key until the body is
 /// stored: the heartbeat covers the whole request, not only the handler's head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,7 +107,7 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     );
     let (s, k, fp) = (scope("heartbeat"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
-    // The guard's heartbeat runs on its own task from the claim until the response is stored.
+    // The guard's heartbeat runs in the background from the claim until the response is stored.
     let slow = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(4000)).await;
         assert!(

@@ -68,8 +68,9 @@ pub struct EngineConfig {
     /// answered "in flight" (409). A protocol bound, separate from the store timeout. Default
     /// zero: answer at once.
     pub in_flight_wait: Duration,
-    /// Whether the lease is extended (every third of its length, on its own task) from the
-    /// claim until the response is stored or released. Default true: a live request keeps its
+    /// Whether the lease is extended (every third of its length, by a background task that the
+    /// engine's heartbeat driver starts for a request still running a third of a lease after
+    /// its claim) from the claim until the response is stored or released. Default true: a live request keeps its
     /// key however long its handler and its response body take, and only the claim of a worker
     /// that stopped (crashed, hung, partitioned) lapses after one lease.
     pub heartbeat: bool,
