@@ -9,7 +9,7 @@ use axum::routing::post;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use idempotency::{IdempotencyLayer, IdempotencyStore, Scope};
-use idempotency_bench::{Servers, Target, connect};
+use idempotency_bench::{Servers, Target, bench_runtime, connect};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
@@ -63,11 +63,7 @@ async fn send(app: &Router, request: Request<Body>) {
 }
 
 fn layer(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let runtime = bench_runtime();
     let servers = Servers::default();
     let mut group = c.benchmark_group("request");
     let bare = handler();

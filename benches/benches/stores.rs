@@ -4,17 +4,13 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use idempotency::{ClaimOutcome, IdempotencyStore, LeaseToken};
 use idempotency_bench::{
-    Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_scope,
-    connect, fresh_key,
+    Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_runtime,
+    bench_scope, connect, fresh_key,
 };
 use std::time::{Duration, Instant};
 
 fn stores(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let runtime = bench_runtime();
     let servers = Servers::default();
     let mut connected: Vec<(Target, Connected)> = Vec::new();
     for target in Target::ALL {

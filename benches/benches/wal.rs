@@ -11,21 +11,21 @@ use criterion::{
 };
 use idempotency::{ClaimOutcome, IdempotencyKey, IdempotencyStore, LeaseToken, TableMode};
 use idempotency_bench::{
-    Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_scope,
-    connect, fresh_key,
+    Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_runtime,
+    bench_scope, connect, fresh_key,
 };
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::Duration;
 
 /// Reads the server's WAL position on a connection and thread of its own, so it can be asked
 /// from inside the benchmark's runtime.
 struct WalPosition {
-    ask: mpsc::Sender<mpsc::Sender<u64>>,
+    ask: mpsc::Sender<mpsc::Sender<Result<u64, String>>>,
 }
 
 impl WalPosition {
     fn connect(url: &str) -> Result<WalPosition, String> {
-        let (ask, asked) = mpsc::channel::<mpsc::Sender<u64>>();
+        let (ask, asked) = mpsc::channel::<mpsc::Sender<Result<u64, String>>>();
         let (ready, is_ready) = mpsc::channel::<Result<(), String>>();
         let url = url.to_owned();
         std::thread::spawn(move || {
@@ -52,9 +52,9 @@ impl WalPosition {
                     let lsn = client
                         .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[])
                         .await
-                        .map(|row| row.get::<_, i64>(0))
-                        .unwrap_or_else(|e| panic!("reading the WAL position: {e}"));
-                    let _ = reply.send(u64::try_from(lsn).unwrap_or(0));
+                        .map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+                        .map_err(|e| e.to_string());
+                    let _ = reply.send(lsn);
                 }
             });
         });
@@ -70,22 +70,36 @@ impl WalPosition {
         answer
             .recv()
             .unwrap_or_else(|e| panic!("the WAL reader stopped: {e}"))
+            .unwrap_or_else(|e| panic!("reading the WAL position: {e}"))
     }
 }
 
-/// Criterion measurement in WAL bytes.
-struct WalBytes(WalPosition);
+/// The one WAL reader of this bench, connected on first use.
+fn position() -> &'static WalPosition {
+    static POSITION: OnceLock<WalPosition> = OnceLock::new();
+    POSITION.get_or_init(|| {
+        let url = Servers::default().postgres;
+        WalPosition::connect(&url).unwrap_or_else(|e| {
+            panic!(
+                "the WAL bench needs PostgreSQL at {url} (set IDEMPOTENCY_TEST_POSTGRES_URL): {e}"
+            )
+        })
+    })
+}
+
+/// Criterion measurement in WAL bytes (the server's, read by [`position`]).
+struct WalBytes;
 
 impl Measurement for WalBytes {
     type Intermediate = u64;
     type Value = u64;
 
     fn start(&self) -> u64 {
-        self.0.now()
+        position().now()
     }
 
     fn end(&self, start: u64) -> u64 {
-        self.0.now().saturating_sub(start)
+        position().now().saturating_sub(start)
     }
 
     fn add(&self, a: &u64, b: &u64) -> u64 {
@@ -247,18 +261,9 @@ impl Op {
 }
 
 fn wal(c: &mut Criterion<WalBytes>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let runtime = bench_runtime();
     let servers = Servers::default();
-    let position = WalPosition::connect(&servers.postgres).unwrap_or_else(|e| {
-        panic!(
-            "the WAL bench needs PostgreSQL at {} (set IDEMPOTENCY_TEST_POSTGRES_URL): {e}",
-            servers.postgres
-        )
-    });
+    let position = position();
     let mut connected: Vec<(Target, Connected)> = Vec::new();
     for mode in [
         TableMode::Unlogged,
@@ -280,7 +285,7 @@ fn wal(c: &mut Criterion<WalBytes>) {
             let replayed = fresh_key();
             runtime.block_on(op.prepare(store, &replayed));
             // Criterion cannot analyse a measurement of zero: say so instead.
-            let probe = runtime.block_on(op.batch(store, &replayed, &position, PROBE_OPS));
+            let probe = runtime.block_on(op.batch(store, &replayed, position, PROBE_OPS));
             if probe == 0 {
                 println!(
                     "{}/{}: 0 WAL bytes in {PROBE_OPS} operations (nothing written; not charted)",
@@ -291,7 +296,7 @@ fn wal(c: &mut Criterion<WalBytes>) {
             }
             group.bench_function(BenchmarkId::from_parameter(target.name()), |b| {
                 b.to_async(&runtime)
-                    .iter_custom(|iters| op.batch(store, &replayed, &position, iters))
+                    .iter_custom(|iters| op.batch(store, &replayed, position, iters))
             });
         }
         group.finish();
@@ -303,15 +308,8 @@ fn wal(c: &mut Criterion<WalBytes>) {
 }
 
 fn config() -> Criterion<WalBytes> {
-    let servers = Servers::default();
-    let position = WalPosition::connect(&servers.postgres).unwrap_or_else(|e| {
-        panic!(
-            "the WAL bench needs PostgreSQL at {} (set IDEMPOTENCY_TEST_POSTGRES_URL): {e}",
-            servers.postgres
-        )
-    });
     Criterion::default()
-        .with_measurement(WalBytes(position))
+        .with_measurement(WalBytes)
         .sample_size(20)
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1))

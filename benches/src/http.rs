@@ -6,6 +6,7 @@
 //! `idempotency-bench serve-tasks --layer` runs the server; [`compare`] starts both variants
 //! and measures them.
 
+use crate::median;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -270,14 +271,49 @@ pub struct HttpCompare {
     pub layer_cpu: Option<Duration>,
 }
 
-/// The median of `values` (NaN-free).
-pub fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+/// Starts both servers (this executable's `serve-tasks`, with and without the layer) and
+/// compares them on fresh keys, then on replays.
+pub async fn compare_workloads(
+    connections: usize,
+    rounds: usize,
+    length: Duration,
+) -> Result<Vec<HttpCompare>, String> {
+    let binary = std::env::current_exe().map_err(|e| e.to_string())?;
+    let plain = ServerProcess::start(&binary, Variant::Plain).await?;
+    let layer = ServerProcess::start(&binary, Variant::Layer).await?;
+    let mut compares = Vec::new();
+    for workload in [Workload::FreshKeys, Workload::Replay] {
+        compares.push(compare(&plain, &layer, workload, connections, rounds, length).await?);
     }
+    Ok(compares)
+}
+
+/// The comparison as a Markdown table, one row per workload.
+pub fn markdown_table(compares: &[HttpCompare]) -> String {
+    let us = |d: Option<Duration>| {
+        d.map_or("?".to_owned(), |d| {
+            format!("{:.1} µs", d.as_secs_f64() * 1e6)
+        })
+    };
+    let mut table = String::from(
+        "| workload | req/s without | req/s with | ratio | p99 without | p99 with | ratio | server CPU/req without | with |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for c in compares {
+        table.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |\n",
+            c.workload.name(),
+            c.plain_throughput,
+            c.layer_throughput,
+            c.throughput_ratio,
+            c.plain_p99.as_secs_f64() * 1e3,
+            c.layer_p99.as_secs_f64() * 1e3,
+            c.p99_ratio,
+            us(c.plain_cpu),
+            us(c.layer_cpu),
+        ));
+    }
+    table
 }
 
 /// Runs `rounds` rounds of each variant, interleaved (plain, layer, layer, plain, ...), each
@@ -305,27 +341,32 @@ pub async fn compare(
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let cpu = |pick: fn(&(Round, Round)) -> Option<Duration>| {
         let values: Option<Vec<f64>> = pairs.iter().map(|pair| pick(pair).map(us)).collect();
-        values.map(|v| Duration::from_secs_f64(median(v) / 1e6))
+        values.map(|mut v| Duration::from_secs_f64(median(&mut v) / 1e6))
     };
     Ok(HttpCompare {
         workload,
         connections,
         rounds,
-        plain_throughput: median(pairs.iter().map(|(p, _)| p.throughput).collect()),
-        layer_throughput: median(pairs.iter().map(|(_, l)| l.throughput).collect()),
+        plain_throughput: median(&mut pairs.iter().map(|(p, _)| p.throughput).collect::<Vec<_>>()),
+        layer_throughput: median(&mut pairs.iter().map(|(_, l)| l.throughput).collect::<Vec<_>>()),
         throughput_ratio: median(
-            pairs
+            &mut pairs
                 .iter()
                 .map(|(p, l)| l.throughput / p.throughput)
-                .collect(),
+                .collect::<Vec<_>>(),
         ),
         plain_p99: Duration::from_secs_f64(
-            median(pairs.iter().map(|(p, _)| us(p.p99)).collect()) / 1e6,
+            median(&mut pairs.iter().map(|(p, _)| us(p.p99)).collect::<Vec<_>>()) / 1e6,
         ),
         layer_p99: Duration::from_secs_f64(
-            median(pairs.iter().map(|(_, l)| us(l.p99)).collect()) / 1e6,
+            median(&mut pairs.iter().map(|(_, l)| us(l.p99)).collect::<Vec<_>>()) / 1e6,
         ),
-        p99_ratio: median(pairs.iter().map(|(p, l)| us(l.p99) / us(p.p99)).collect()),
+        p99_ratio: median(
+            &mut pairs
+                .iter()
+                .map(|(p, l)| us(l.p99) / us(p.p99))
+                .collect::<Vec<_>>(),
+        ),
         plain_cpu: cpu(|(p, _)| p.cpu_per_request),
         layer_cpu: cpu(|(_, l)| l.cpu_per_request),
     })

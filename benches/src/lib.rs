@@ -193,6 +193,26 @@ impl Connected {
     }
 }
 
+/// The runtime the criterion benches run on: two workers, as the machines they are measured on.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
+}
+
+/// The median of `values` (sorted in place; the mean of the middle two for an even count; NaN
+/// when empty). Every figure of the benches is a median of this one kind.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 /// A fresh random key.
 pub fn fresh_key() -> IdempotencyKey {
     let mut buf = uuid::Uuid::encode_buffer();

@@ -123,42 +123,9 @@ async fn http(args: HttpArgs) -> std::process::ExitCode {
 }
 
 async fn http_rows(args: &HttpArgs) -> Result<(), String> {
-    let binary = std::env::current_exe().map_err(|e| e.to_string())?;
-    let plain = http::ServerProcess::start(&binary, http::Variant::Plain).await?;
-    let layer = http::ServerProcess::start(&binary, http::Variant::Layer).await?;
     let length = std::time::Duration::try_from_secs_f64(args.seconds).map_err(|e| e.to_string())?;
-    println!(
-        "| workload | req/s without | req/s with | ratio | p99 without | p99 with | ratio | CPU/req without | CPU/req with |"
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for workload in [http::Workload::FreshKeys, http::Workload::Replay] {
-        let c = http::compare(
-            &plain,
-            &layer,
-            workload,
-            args.connections,
-            args.rounds,
-            length,
-        )
-        .await?;
-        let us = |d: Option<std::time::Duration>| {
-            d.map_or("?".to_owned(), |d| {
-                format!("{:.1} µs", d.as_secs_f64() * 1e6)
-            })
-        };
-        println!(
-            "| {} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
-            workload.name(),
-            c.plain_throughput,
-            c.layer_throughput,
-            c.throughput_ratio,
-            c.plain_p99.as_secs_f64() * 1e3,
-            c.layer_p99.as_secs_f64() * 1e3,
-            c.p99_ratio,
-            us(c.plain_cpu),
-            us(c.layer_cpu),
-        );
-    }
+    let compares = http::compare_workloads(args.connections, args.rounds, length).await?;
+    print!("{}", http::markdown_table(&compares));
     Ok(())
 }
 

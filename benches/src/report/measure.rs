@@ -3,11 +3,12 @@
 
 use hdrhistogram::Histogram;
 use idempotency::{
-    Begin, Completion, Engine, EngineConfig, IdempotencyStore, LeaseToken, TableMode,
+    Begin, Completion, Engine, EngineConfig, FenceOutcome, Fingerprint, IdempotencyStore,
+    LeaseToken, Scope, StoredResponse, TableMode,
 };
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
-    bench_scope, err, fresh_key, pg_claim_complete,
+    bench_scope, err, fresh_key, median, pg_claim_complete,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -84,14 +85,6 @@ pub(crate) struct PgVolume {
     pub(crate) wal_bytes_per_op: f64,
     pub(crate) bytes_per_row: f64,
     pub(crate) rows: i64,
-}
-
-pub(crate) fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values[values.len() / 2]
 }
 
 /// Runs the mixed workload: 70% fresh requests (claim + complete), 20% retries of completed
@@ -215,35 +208,14 @@ pub(crate) async fn interleaved(
         let mut this_round = vec![f64::NAN; connected.len()];
         for step in 0..connected.len() {
             let index = (step + round) % connected.len();
-            let store = Arc::clone(&connected[index].1.store);
-            let mut tasks = Vec::new();
-            for _ in 0..concurrency {
-                let store = Arc::clone(&store);
-                tasks.push(tokio::spawn(async move {
-                    let (scope, fp, response) =
-                        (bench_scope(), bench_fingerprint(), bench_response());
-                    let mut samples = Vec::new();
-                    for _ in 0..ops.div_ceil(concurrency) {
-                        let (key, token) = (fresh_key(), LeaseToken::new());
-                        let t = Instant::now();
-                        store
-                            .claim(&scope, &key, &fp, token, LEASE)
-                            .await
-                            .map_err(err)?;
-                        let _ = store
-                            .complete(&scope, &key, token, &response, RETENTION)
-                            .await
-                            .map_err(err)?;
-                        samples.push(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                    Ok::<_, String>(samples)
-                }));
-            }
-            let mut samples = Vec::new();
-            for task in tasks {
-                samples.extend(task.await.map_err(err)??);
-            }
-            this_round[index] = median(&mut samples);
+            this_round[index] = batch(
+                &connected[index].1,
+                Path::Library,
+                concurrency,
+                ops.div_ceil(concurrency),
+            )
+            .await?
+            .p50();
         }
         for (i, m) in this_round.iter().enumerate() {
             medians[i].push(*m);
@@ -291,17 +263,7 @@ pub(crate) async fn floor(
                 let t = Instant::now();
                 match side {
                     0 => {
-                        let (key, token) = (fresh_key(), LeaseToken::new());
-                        connected
-                            .store
-                            .claim(&scope, &key, &fp, token, LEASE)
-                            .await
-                            .map_err(err)?;
-                        let _ = connected
-                            .store
-                            .complete(&scope, &key, token, &response, RETENTION)
-                            .await
-                            .map_err(err)?;
+                        claim_complete(&*connected.store, &scope, &fp, &response).await?;
                         lib.push(t.elapsed().as_secs_f64() * 1e6);
                     }
                     1 => {
@@ -351,17 +313,7 @@ pub(crate) async fn pg_volume(
     // Give the connection back: the operations below take their own.
     drop(client);
     for _ in 0..ops {
-        let (key, token) = (fresh_key(), LeaseToken::new());
-        connected
-            .store
-            .claim(&scope, &key, &fp, token, LEASE)
-            .await
-            .map_err(err)?;
-        let _ = connected
-            .store
-            .complete(&scope, &key, token, &response, RETENTION)
-            .await
-            .map_err(err)?;
+        claim_complete(&*connected.store, &scope, &fp, &response).await?;
     }
     let client = pg.pool().get().await.map_err(err)?;
     let wal: f64 = client
@@ -393,31 +345,88 @@ pub(crate) async fn pg_volume(
     })
 }
 
-/// Runs `clients` tasks each doing `ops` claim+complete operations of fresh keys, through the
-/// library, or (`raw`) with the store's own statements on connections taken from the store's
-/// own pool, one per task for the round; returns ops/s and the median latency in µs.
-async fn concurrent_side(
+/// One claim and one complete of a fresh key through the library.
+async fn claim_complete(
+    store: &dyn IdempotencyStore,
+    scope: &Scope,
+    fp: &Fingerprint,
+    response: &StoredResponse,
+) -> Result<(), String> {
+    let (key, token) = (fresh_key(), LeaseToken::new());
+    store
+        .claim(scope, &key, fp, token, LEASE)
+        .await
+        .map_err(err)?;
+    match store
+        .complete(scope, &key, token, response, RETENTION)
+        .await
+        .map_err(err)?
+    {
+        FenceOutcome::Applied => Ok(()),
+        FenceOutcome::Stale => Err("a fresh claim's completion was refused as stale".into()),
+    }
+}
+
+/// How a batch sends its claims and completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Through the library's API.
+    Library,
+    /// The Postgres store's own prepared statements, sent by tokio-postgres on a connection
+    /// taken from the store's pool for the whole batch (the raw-driver floor).
+    RawOnPool,
+}
+
+/// What a batch measured: ops/s over the batch, and every operation's latency (µs, sorted).
+struct Batch {
+    ops_per_s: f64,
+    latencies_us: Vec<f64>,
+}
+
+impl Batch {
+    fn quantile(&self, q: f64) -> f64 {
+        let n = self.latencies_us.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        self.latencies_us[((n as f64 * q) as usize).min(n - 1)]
+    }
+
+    fn p50(&self) -> f64 {
+        self.quantile(0.5)
+    }
+
+    fn p99(&self) -> f64 {
+        self.quantile(0.99)
+    }
+}
+
+/// `clients` tasks at once, each doing `ops` claim+complete operations of fresh keys on `path`.
+async fn batch(
     connected: &Connected,
-    raw: bool,
+    path: Path,
     clients: usize,
     ops: usize,
-) -> Result<(f64, f64, f64), String> {
-    let pg = connected
-        .postgres
-        .clone()
-        .ok_or("the many-clients floor needs a Postgres target")?;
+) -> Result<Batch, String> {
+    let pg = match path {
+        Path::Library => None,
+        Path::RawOnPool => Some(
+            connected
+                .postgres
+                .clone()
+                .ok_or("the raw-driver floor on a pool needs a Postgres target")?,
+        ),
+    };
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..clients {
         let store = Arc::clone(&connected.store);
         let pg = pg.clone();
         tasks.spawn(async move {
-            let scope = bench_scope();
-            let fp = bench_fingerprint();
-            let response = bench_response();
-            let encoded = response.encode();
+            let (scope, fp, response) = (bench_scope(), bench_fingerprint(), bench_response());
             let mut latencies = Vec::with_capacity(ops);
-            if raw {
+            if let Some(pg) = pg {
+                let encoded = response.encode();
                 let client = pg.pool().get().await.map_err(err)?;
                 let claim = client
                     .prepare_cached(pg.statements().claim)
@@ -436,32 +445,23 @@ async fn concurrent_side(
             } else {
                 for _ in 0..ops {
                     let t = Instant::now();
-                    let (key, token) = (fresh_key(), LeaseToken::new());
-                    store
-                        .claim(&scope, &key, &fp, token, LEASE)
-                        .await
-                        .map_err(err)?;
-                    let _ = store
-                        .complete(&scope, &key, token, &response, RETENTION)
-                        .await
-                        .map_err(err)?;
+                    claim_complete(&*store, &scope, &fp, &response).await?;
                     latencies.push(t.elapsed().as_secs_f64() * 1e6);
                 }
             }
             Ok::<_, String>(latencies)
         });
     }
-    let mut all = Vec::with_capacity(clients * ops);
+    let mut latencies_us = Vec::with_capacity(clients * ops);
     while let Some(done) = tasks.join_next().await {
-        all.extend(done.map_err(err)??);
+        latencies_us.extend(done.map_err(err)??);
     }
-    let ops_per_s = all.len() as f64 / started.elapsed().as_secs_f64();
-    let p50 = median(&mut all);
-    Ok((
+    let ops_per_s = latencies_us.len() as f64 / started.elapsed().as_secs_f64();
+    latencies_us.sort_by(f64::total_cmp);
+    Ok(Batch {
         ops_per_s,
-        p50,
-        all.get(all.len() * 99 / 100).copied().unwrap_or(f64::NAN),
-    ))
+        latencies_us,
+    })
 }
 
 /// The library against the raw driver at `clients` clients, both on the store's pool of
@@ -477,21 +477,21 @@ pub(crate) async fn concurrent_floor(
     let (mut lib_ops, mut raw_ops, mut lib_p50, mut raw_p50, mut ratios) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Warm both sides (every connection opened, statements prepared) before measuring.
-    concurrent_side(connected, false, clients, 5).await?;
-    concurrent_side(connected, true, clients, 5).await?;
+    batch(connected, Path::Library, clients, 5).await?;
+    batch(connected, Path::RawOnPool, clients, 5).await?;
     for round in 0..rounds {
         let (l, r) = if round % 2 == 0 {
-            let l = concurrent_side(connected, false, clients, ops).await?;
-            (l, concurrent_side(connected, true, clients, ops).await?)
+            let l = batch(connected, Path::Library, clients, ops).await?;
+            (l, batch(connected, Path::RawOnPool, clients, ops).await?)
         } else {
-            let r = concurrent_side(connected, true, clients, ops).await?;
-            (concurrent_side(connected, false, clients, ops).await?, r)
+            let r = batch(connected, Path::RawOnPool, clients, ops).await?;
+            (batch(connected, Path::Library, clients, ops).await?, r)
         };
-        lib_ops.push(l.0);
-        raw_ops.push(r.0);
-        lib_p50.push(l.1);
-        raw_p50.push(r.1);
-        ratios.push(r.0 / l.0);
+        lib_ops.push(l.ops_per_s);
+        raw_ops.push(r.ops_per_s);
+        lib_p50.push(l.p50());
+        raw_p50.push(r.p50());
+        ratios.push(r.ops_per_s / l.ops_per_s);
     }
     Ok(ConcurrentFloor {
         target,
@@ -518,15 +518,15 @@ pub(crate) async fn pool_sweep(
     let mut figures: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
         pools.iter().map(|_| Default::default()).collect();
     for (_, c) in pools {
-        concurrent_side(c, false, clients, 5).await?;
+        batch(c, Path::Library, clients, 5).await?;
     }
     for round in 0..rounds {
         for i in 0..pools.len() {
             let i = (i + round) % pools.len();
-            let (ops_s, p50, p99) = concurrent_side(&pools[i].1, false, clients, ops).await?;
-            figures[i].0.push(ops_s);
-            figures[i].1.push(p50);
-            figures[i].2.push(p99);
+            let b = batch(&pools[i].1, Path::Library, clients, ops).await?;
+            figures[i].0.push(b.ops_per_s);
+            figures[i].1.push(b.p50());
+            figures[i].2.push(b.p99());
         }
     }
     Ok(pools

@@ -276,7 +276,8 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     let http = if args.http_rounds == 0 {
         Vec::new()
     } else {
-        http_compare(&args).await?
+        let length = std::time::Duration::try_from_secs_f64(args.http_seconds).map_err(err)?;
+        http::compare_workloads(args.http_connections, args.http_rounds, length).await?
     };
     progress.inc(1);
     let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
@@ -326,27 +327,4 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     let md = render::markdown(&results).map_err(err)?;
     std::fs::write(&args.out, md).map_err(|e| format!("writing {}: {e}", args.out.display()))?;
     Ok(args.out)
-}
-
-/// Both task-API servers (this binary, `serve-tasks`), fresh keys then replays, interleaved.
-async fn http_compare(args: &Args) -> Result<Vec<HttpCompare>, String> {
-    let binary = std::env::current_exe().map_err(err)?;
-    let plain = http::ServerProcess::start(&binary, http::Variant::Plain).await?;
-    let layer = http::ServerProcess::start(&binary, http::Variant::Layer).await?;
-    let length = std::time::Duration::try_from_secs_f64(args.http_seconds).map_err(err)?;
-    let mut compares = Vec::new();
-    for workload in [http::Workload::FreshKeys, http::Workload::Replay] {
-        compares.push(
-            http::compare(
-                &plain,
-                &layer,
-                workload,
-                args.http_connections,
-                args.http_rounds,
-                length,
-            )
-            .await?,
-        );
-    }
-    Ok(compares)
 }

@@ -85,35 +85,18 @@ async fn postgres_settings(servers: &Servers) -> Result<(PgSettings, String), St
 }
 
 async fn redis_settings(servers: &Servers) -> Option<RedisSettings> {
-    use idempotency::redis::redis::cmd;
-    let client = idempotency::redis::redis::Client::open(servers.redis.as_str()).ok()?;
-    let mut con = client.get_multiplexed_async_connection().await.ok()?;
-    let info: String = cmd("INFO")
-        .arg("server")
-        .query_async(&mut con)
+    // The store's own reading of the server (`RedisStore::server_info`), under a prefix of its
+    // own so the probe touches no bench keys.
+    let store = idempotency::RedisStore::builder(&servers.redis)
+        .key_prefix("idem-bench-probe:")
+        .build()
         .await
-        .unwrap_or_default();
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .trim()
-        .to_owned();
-    let mut setting = async |name: &str| -> String {
-        let pair: Vec<String> = cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query_async(&mut con)
-            .await
-            .unwrap_or_default();
-        pair.get(1).cloned().unwrap_or_default()
-    };
-    let save = setting("save").await;
-    let appendonly = setting("appendonly").await;
+        .ok()?;
+    let info = store.server_info().await.ok()?;
     Some(RedisSettings {
-        version,
-        save,
-        appendonly,
+        version: info.version,
+        save: info.save,
+        appendonly: if info.appendonly { "yes" } else { "no" }.to_owned(),
     })
 }
 

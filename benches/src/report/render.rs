@@ -5,7 +5,7 @@ use super::Results;
 use super::measure::{Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep};
 use idempotency::TableMode;
 use idempotency_bench::Target;
-use idempotency_bench::http::HttpCompare;
+use idempotency_bench::http::{self, HttpCompare};
 use std::fmt::{self, Write as _};
 
 /// The report, in Markdown.
@@ -289,34 +289,7 @@ fn http_section(w: &mut String, http: &[HttpCompare], seconds: f64) -> fmt::Resu
          answered.\n",
         first.connections, first.rounds
     )?;
-    writeln!(
-        w,
-        "| workload | req/s without | req/s with | ratio | p99 without | p99 with | ratio | server CPU/req without | with |"
-    )?;
-    writeln!(
-        w,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    )?;
-    let us = |d: Option<std::time::Duration>| {
-        d.map_or("?".to_owned(), |d| {
-            format!("{:.1} µs", d.as_secs_f64() * 1e6)
-        })
-    };
-    for c in http {
-        writeln!(
-            w,
-            "| {} | {:.0} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {} | {} |",
-            c.workload.name(),
-            c.plain_throughput,
-            c.layer_throughput,
-            c.throughput_ratio,
-            c.plain_p99.as_secs_f64() * 1e3,
-            c.layer_p99.as_secs_f64() * 1e3,
-            c.p99_ratio,
-            us(c.plain_cpu),
-            us(c.layer_cpu),
-        )?;
-    }
+    w.push_str(&http::markdown_table(http));
     Ok(())
 }
 
