@@ -28,6 +28,26 @@ mod postgres {
             .unwrap_or_else(|e| panic!("could not start a throwaway PostgreSQL: {e}"))
     }
 
+    /// A throwaway cluster with pg_cron loaded and its extension created, and a connection to it.
+    async fn pg_cron_cluster() -> (TempPostgres, tokio_postgres::Client) {
+        let pg = cluster(&[
+            "shared_preload_libraries=pg_cron",
+            "cron.database_name=postgres",
+            "cron.use_background_workers=on",
+            "max_worker_processes=20",
+        ]);
+        let (client, connection) =
+            tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+        tokio::spawn(connection);
+        client
+            .batch_execute("CREATE EXTENSION pg_cron")
+            .await
+            .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
+        (pg, client)
+    }
+
     async fn store(url: &str, schema: &str, mode: TableMode) -> PostgresStore {
         let store = PostgresStore::builder(url)
             .schema(schema)
@@ -157,21 +177,8 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pg_cron_drift_is_reported_and_migrate_repairs_it() {
         use idempotency_postgres::PurgeStatus;
-        let pg = cluster(&[
-            "shared_preload_libraries=pg_cron",
-            "cron.database_name=postgres",
-            "cron.use_background_workers=on",
-            "max_worker_processes=20",
-        ]);
+        let (pg, client) = pg_cron_cluster().await;
         let url = pg.url("postgres");
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-            .batch_execute("CREATE EXTENSION pg_cron")
-            .await
-            .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
         let store = |schedule: &'static str| {
             PostgresStore::builder(&url)
                 .schema("drift")
@@ -251,23 +258,9 @@ mod postgres {
     /// rows. pg_cron's shortest interval is one minute, so this waits up to ~90 s.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pg_cron_job_purges_exactly_the_expired_rows() {
-        let pg = cluster(&[
-            "shared_preload_libraries=pg_cron",
-            "cron.database_name=postgres",
-            "cron.use_background_workers=on",
-            "max_worker_processes=20",
-        ]);
+        let (pg, client) = pg_cron_cluster().await;
+        drop(client);
         let url = pg.url("postgres");
-        {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(connection);
-            client
-                .batch_execute("CREATE EXTENSION pg_cron")
-                .await
-                .unwrap_or_else(|e| panic!("CREATE EXTENSION pg_cron: {e}\n{}", pg.log()));
-        }
         let store = PostgresStore::builder(&url)
             .schema("cron_test")
             .purge_schedule("* * * * *")

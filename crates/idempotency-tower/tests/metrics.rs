@@ -2,38 +2,14 @@
 //! label is the route axum matched (`/x/{id}`), never the concrete path.
 #![allow(clippy::unwrap_used)]
 
-use axum::Router;
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use axum::routing::post;
-use idempotency_core::Scope;
-use idempotency_memory::MemoryStore;
-use idempotency_tower::IdempotencyLayer;
+use axum::http::StatusCode;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::collections::HashMap;
 use tower::ServiceExt;
 
-const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+mod observed;
 
-#[derive(Clone)]
-struct User;
-
-impl From<User> for Scope {
-    fn from(_: User) -> Scope {
-        Scope::new("alice").unwrap()
-    }
-}
-
-fn request(body: &'static str, user: bool) -> Request<Body> {
-    let mut r = Request::post("/x/42")
-        .header("idempotency-key", KEY)
-        .body(Body::from(body))
-        .unwrap();
-    if user {
-        r.extensions_mut().insert(User);
-    }
-    r
-}
+use observed::{app, request};
 
 #[test]
 fn outcomes_completions_and_store_latency_are_recorded() {
@@ -45,13 +21,7 @@ fn outcomes_completions_and_store_latency_are_recorded() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let app = Router::new()
-                .route("/x/{id}", post(|| async { (StatusCode::CREATED, "made") }))
-                .layer(
-                    IdempotencyLayer::builder(MemoryStore::default())
-                        .scope_from_extension::<User>()
-                        .build(),
-                );
+            let app = app();
             for (body, user, status) in [
                 ("a", true, StatusCode::CREATED),              // executed, stored
                 ("a", true, StatusCode::CREATED),              // replayed

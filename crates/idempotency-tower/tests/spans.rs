@@ -4,36 +4,12 @@
 //! running alongside without a subscriber can make this one's subscriber miss the span.
 #![allow(clippy::unwrap_used)]
 
-use axum::Router;
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use axum::routing::post;
-use idempotency_core::Scope;
-use idempotency_memory::MemoryStore;
-use idempotency_tower::IdempotencyLayer;
+use axum::http::StatusCode;
 use tower::ServiceExt;
 
-const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+mod observed;
 
-#[derive(Clone)]
-struct User;
-
-impl From<User> for Scope {
-    fn from(_: User) -> Scope {
-        Scope::new("alice").unwrap()
-    }
-}
-
-fn request(body: &'static str, user: bool) -> Request<Body> {
-    let mut r = Request::post("/x/42")
-        .header("idempotency-key", KEY)
-        .body(Body::from(body))
-        .unwrap();
-    if user {
-        r.extensions_mut().insert(User);
-    }
-    r
-}
+use observed::{KEY, app, request};
 
 /// Records the fields of every `idempotency` span.
 #[derive(Clone, Default)]
@@ -86,13 +62,7 @@ fn the_span_carries_the_route_and_the_outcome_never_the_key() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let app = Router::new()
-                .route("/x/{id}", post(|| async { (StatusCode::CREATED, "made") }))
-                .layer(
-                    IdempotencyLayer::builder(MemoryStore::default())
-                        .scope_from_extension::<User>()
-                        .build(),
-                );
+            let app = app();
             let response = app.oneshot(request("a", true)).await.unwrap();
             assert_eq!(response.status(), StatusCode::CREATED);
         });
