@@ -732,3 +732,62 @@ async fn a_hanging_store_is_bounded_by_the_store_timeout() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// A memory store full of completed responses, set to refuse new claims: a new key gets 503
+/// with `Retry-After` and a problem+json body, its handler never runs, and every key completed
+/// before still replays without running again.
+#[tokio::test]
+async fn a_full_memory_store_refusing_claims_answers_503_and_runs_nothing() {
+    use idempotency_memory::WhenFull;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::builder()
+        .max_stored_bytes(16 * 1024)
+        .when_full(WhenFull::RefuseNewClaims)
+        .build();
+    let app = app_with(|b| b, store, runs.clone());
+    let key = |i: usize| format!("8e03978e-40d5-43e8-bc93-{i:012}");
+    let body = "x".repeat(500);
+    let mut created = 0;
+    let refused = loop {
+        let (status, headers, answer) = send(
+            &app,
+            request(
+                Method::POST,
+                "/tasks",
+                Some(&key(created)),
+                Some("alice"),
+                &body,
+            ),
+        )
+        .await;
+        if status != StatusCode::CREATED {
+            break (status, headers, answer);
+        }
+        created += 1;
+        assert!(created < 1000, "the bound never refused a claim");
+    };
+    let (status, headers, answer) = refused;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    assert_eq!(
+        headers[header::CONTENT_TYPE],
+        HeaderValue::from_static("application/problem+json")
+    );
+    assert_eq!(problem(&answer)["status"], 503);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        created,
+        "the refused request ran its handler"
+    );
+    assert!(created > 3, "only {created} responses fit");
+    for i in 0..created {
+        let (status, headers, _) = send(
+            &app,
+            request(Method::POST, "/tasks", Some(&key(i)), Some("alice"), &body),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "key {i}");
+        assert_eq!(headers["idempotent-replayed"], "true", "key {i}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), created, "a replay ran again");
+}
