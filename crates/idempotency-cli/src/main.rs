@@ -306,8 +306,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 RecordState::InFlight { lease_remaining } => {
                     println!("state: in flight, lease ends in {lease_remaining:?}");
                 }
-                RecordState::Completed { response } => {
-                    println!("state: completed");
+                RecordState::Completed {
+                    response,
+                    retention_remaining,
+                } => {
+                    println!("state: completed, expires in {retention_remaining:?}");
                     println!("status: {}", response.status());
                     for (name, value) in response.headers() {
                         println!(

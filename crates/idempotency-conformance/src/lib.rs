@@ -127,6 +127,7 @@ macro_rules! __with_cases {
             empty_and_omitted_bodies_round_trip
             different_fingerprint_never_replays_nor_overwrites
             completed_record_expires_on_read
+            completed_record_reports_its_retention_left
             lease_expiry_allows_takeover_and_fences_the_old_token
             extend_keeps_a_claim_alive_for_its_holder_only
             complete_with_a_foreign_token_is_stale

@@ -62,6 +62,9 @@ pub enum RecordState {
     Completed {
         /// The stored response.
         response: StoredResponse,
+        /// Time left before the record expires, by the store's clock. A cache in front of the
+        /// store (the local replay tier) keeps the record no longer than this.
+        retention_remaining: Duration,
     },
 }
 

@@ -198,7 +198,10 @@ impl MemoryStore {
         })?;
         Ok(Some(Record {
             fingerprint: completed.fingerprint,
-            state: RecordState::Completed { response },
+            state: RecordState::Completed {
+                response,
+                retention_remaining: completed.expires_at - now,
+            },
         }))
     }
 

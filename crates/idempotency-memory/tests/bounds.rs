@@ -192,7 +192,7 @@ mod memory {
         for i in 0..completed {
             match store.get(&scope, &key(i)).await.unwrap() {
                 Some(Record {
-                    state: RecordState::Completed { response },
+                    state: RecordState::Completed { response, .. },
                     ..
                 }) => assert_eq!(response.body(), &body),
                 other => panic!("record {i} was lost: {other:?}"),

@@ -279,11 +279,11 @@ const EXTEND: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID, Type::FLOAT8];
 /// token, so the completion can tell that it runs in the transaction the store opened.
 pub(crate) const TX_MARK: &str = "idempotency.lease_token";
 
-/// The columns a record is read from, in this order: fingerprint, remaining lease in ms (NULL
-/// once completed), response (NULL while in flight).
-const RECORD_COLUMNS: &str = "request_hash, \
-     CASE WHEN lease_token IS NULL THEN NULL \
-          ELSE (extract(epoch FROM locked_until - now()) * 1000)::bigint END, \
+/// The columns a record is read from, in this order: fingerprint, whether it is in flight, the
+/// time it has left in ms (its lease while in flight, its retention once completed), response
+/// (NULL while in flight).
+const RECORD_COLUMNS: &str = "request_hash, lease_token IS NOT NULL, \
+     (extract(epoch FROM COALESCE(locked_until, expires_at) - now()) * 1000)::bigint, \
      response";
 
 impl Statements {
@@ -312,7 +312,7 @@ impl Statements {
                          created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at \
                        WHERE r.expires_at <= now() \
                        RETURNING 1) \
-                     SELECT true, NULL::bytea, NULL::bigint, NULL::bytea FROM claimed \
+                     SELECT true, NULL::bytea, NULL::bool, NULL::bigint, NULL::bytea FROM claimed \
                      UNION ALL \
                      SELECT false, * FROM live"
                 ),

@@ -136,17 +136,22 @@ fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
     let corrupt = |what| StoreError::corrupt(BACKEND, CorruptRecord::Field(what));
     let hash: &[u8] = row.try_get(offset).map_err(|_| corrupt("request_hash"))?;
     let fingerprint = Fingerprint::from_bytes(hash).map_err(|e| StoreError::corrupt(BACKEND, e))?;
-    let lease_ms: Option<i64> = row
+    let in_flight: bool = row
         .try_get(offset + 1)
+        .map_err(|_| corrupt("lease_token"))?;
+    let remaining_ms: i64 = row
+        .try_get(offset + 2)
         .map_err(|_| corrupt("locked_until"))?;
-    let response: Option<Vec<u8>> = row.try_get(offset + 2).map_err(|_| corrupt("response"))?;
-    let state = match (lease_ms, response) {
-        (Some(ms), None) => RecordState::InFlight {
-            lease_remaining: Duration::from_millis(ms.max(0) as u64),
+    let remaining = Duration::from_millis(remaining_ms.max(0) as u64);
+    let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(|_| corrupt("response"))?;
+    let state = match (in_flight, response) {
+        (true, None) => RecordState::InFlight {
+            lease_remaining: remaining,
         },
-        (None, Some(bytes)) => RecordState::Completed {
+        (false, Some(bytes)) => RecordState::Completed {
             response: StoredResponse::decode(Bytes::from(bytes))
                 .map_err(|e| StoreError::corrupt(BACKEND, e))?,
+            retention_remaining: remaining,
         },
         _ => return Err(corrupt("a row must be either in flight or completed")),
     };

@@ -162,7 +162,7 @@ mod postgres {
         for i in 0..50 {
             match logged.get(&scope, &key(i)).await.expect("get") {
                 Some(record) => match record.state {
-                    RecordState::Completed { response } => {
+                    RecordState::Completed { response, .. } => {
                         assert_eq!(response.body(), &Bytes::from(format!("record {i}")))
                     }
                     other => panic!("record {i} is not completed: {other:?}"),

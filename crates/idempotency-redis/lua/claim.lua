@@ -4,7 +4,7 @@
 -- ARGV[1]  fingerprint bytes   ARGV[2] lease token bytes   ARGV[3] lease in milliseconds
 -- Returns  {CLAIMED}                 claimed (also when this token already holds it: a resent claim)
 --          {IN_FLIGHT, fp, pttl}     in flight, with the lease left in milliseconds
---          {COMPLETED, fp, resp}     completed
+--          {COMPLETED, fp, resp, pttl} completed, with the retention left in milliseconds
 -- Expired records do not exist for Redis, so "no record" is "free".
 -- The reply tags, named the same way in src/reply.rs:
 local CLAIMED, IN_FLIGHT, COMPLETED = 1, 2, 3
@@ -18,7 +18,7 @@ if fp then
     return {IN_FLIGHT, fp, redis.call('PTTL', KEYS[1])}
   end
   if resp then
-    return {COMPLETED, fp, resp}
+    return {COMPLETED, fp, resp, redis.call('PTTL', KEYS[1])}
   end
   -- A hash without a state is not a record this library wrote; refuse to touch it.
   return redis.error_reply('IDEMPOTENCY_CORRUPT record has neither a token nor a response')

@@ -1,6 +1,6 @@
 -- Read a record and its remaining TTL in one consistent step.
 -- KEYS[1] the record
--- Returns {} when absent, {IN_FLIGHT, fp, pttl} in flight, {COMPLETED, fp, resp} completed.
+-- Returns {} when absent, {IN_FLIGHT, fp, pttl} in flight, {COMPLETED, fp, resp, pttl} completed.
 -- The reply tags, named the same way in src/reply.rs:
 local CLAIMED, IN_FLIGHT, COMPLETED = 1, 2, 3
 local rec = redis.call('HMGET', KEYS[1], 'fp', 'tok', 'resp')
@@ -12,6 +12,6 @@ if tok then
   return {IN_FLIGHT, fp, redis.call('PTTL', KEYS[1])}
 end
 if resp then
-  return {COMPLETED, fp, resp}
+  return {COMPLETED, fp, resp, redis.call('PTTL', KEYS[1])}
 end
 return redis.error_reply('IDEMPOTENCY_CORRUPT record has neither a token nor a response')

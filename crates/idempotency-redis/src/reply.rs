@@ -11,7 +11,8 @@ use std::time::Duration;
 pub(crate) const CLAIMED: i64 = 1;
 /// `{IN_FLIGHT, fp, pttl}`: another request holds the key; its lease has `pttl` ms left.
 pub(crate) const IN_FLIGHT: i64 = 2;
-/// `{COMPLETED, fp, resp}`: the request completed with the stored response `resp`.
+/// `{COMPLETED, fp, resp, pttl}`: the request completed with the stored response `resp`; the
+/// record expires in `pttl` ms.
 pub(crate) const COMPLETED: i64 = 3;
 
 fn bytes_of(value: Value) -> Result<Vec<u8>, StoreError> {
@@ -21,7 +22,7 @@ fn bytes_of(value: Value) -> Result<Vec<u8>, StoreError> {
     }
 }
 
-/// Reads the rest of an `{IN_FLIGHT, fp, pttl}` or `{COMPLETED, fp, resp}` reply.
+/// Reads the rest of an `{IN_FLIGHT, fp, pttl}` or `{COMPLETED, fp, resp, pttl}` reply.
 pub(crate) fn record_from_reply(
     mut items: std::vec::IntoIter<Value>,
     tag: i64,
@@ -32,10 +33,16 @@ pub(crate) fn record_from_reply(
         (IN_FLIGHT, Some(Value::Int(pttl))) => RecordState::InFlight {
             lease_remaining: Duration::from_millis(pttl.max(0) as u64),
         },
-        (COMPLETED, Some(resp)) => RecordState::Completed {
-            response: StoredResponse::decode(Bytes::from(bytes_of(resp)?))
-                .map_err(|e| StoreError::corrupt(BACKEND, e))?,
-        },
+        (COMPLETED, Some(resp)) => {
+            let Some(Value::Int(pttl)) = items.next() else {
+                return Err(corrupt("a completed reply must end with its TTL"));
+            };
+            RecordState::Completed {
+                response: StoredResponse::decode(Bytes::from(bytes_of(resp)?))
+                    .map_err(|e| StoreError::corrupt(BACKEND, e))?,
+                retention_remaining: Duration::from_millis(pttl.max(0) as u64),
+            }
+        }
         _ => return Err(corrupt("unexpected script reply")),
     };
     Ok(Record { fingerprint, state })

@@ -24,6 +24,43 @@ pub async fn completed_record_expires_on_read<S: IdempotencyStore + ?Sized>(stor
     must_claim(&*store, &s, &k, &fingerprint("another request"), LONG).await;
 }
 
+/// A completed record tells how long it has left (what a cache in front of the store may keep
+/// it for): no more than the retention it was stored with, and not much less right after.
+pub async fn completed_record_reports_its_retention_left<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    let (s, k, fp) = (scope("retention-left"), key(), fingerprint("a"));
+    let retention = Duration::from_secs(120);
+    let token = must_claim(&*store, &s, &k, &fp, LONG).await;
+    assert_eq!(
+        complete(&*store, &s, &k, token, &response(200, b"{}"), retention).await,
+        FenceOutcome::Applied
+    );
+    let by_get = get(&*store, &s, &k).await;
+    let by_claim = match claim(&*store, &s, &k, &fp, LeaseToken::new(), LONG).await {
+        ClaimOutcome::Existing(record) => Some(record),
+        ClaimOutcome::Claimed => panic!("invariant 4: a completed key was claimed again"),
+    };
+    for (how, record) in [("get", by_get), ("claim", by_claim)] {
+        match record {
+            Some(Record {
+                state:
+                    RecordState::Completed {
+                        retention_remaining,
+                        ..
+                    },
+                ..
+            }) => assert!(
+                retention_remaining <= retention
+                    && retention_remaining > retention - Duration::from_secs(20),
+                "{how}: a record stored for {retention:?} a moment ago reports \
+                 {retention_remaining:?} left"
+            ),
+            other => panic!("{how}: expected a completed record, got {other:?}"),
+        }
+    }
+}
+
 /// `purge_expired` removes expired records and keeps every live one.
 pub async fn purge_removes_only_expired_records<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let s = scope("purge");

@@ -133,7 +133,7 @@ async fn release<S: IdempotencyStore + ?Sized>(
 fn completed_response(record: Option<Record>) -> StoredResponse {
     match record {
         Some(Record {
-            state: RecordState::Completed { response },
+            state: RecordState::Completed { response, .. },
             ..
         }) => response,
         other => panic!("expected a completed record, got {other:?}"),

@@ -248,7 +248,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 return Ok(Begin::Mismatch);
             }
             match record.state {
-                RecordState::Completed { response } => {
+                RecordState::Completed { response, .. } => {
                     pending.disarm();
                     return Ok(Begin::Replay(response));
                 }
