@@ -3,8 +3,8 @@
 
 use hdrhistogram::Histogram;
 use idempotency::{
-    Begin, Completion, Engine, EngineConfig, FenceOutcome, Fingerprint, IdempotencyStore,
-    LeaseToken, Scope, StoredResponse, TableMode,
+    Begin, ClaimOutcome, Completion, Engine, EngineConfig, FenceOutcome, Fingerprint,
+    IdempotencyStore, LeaseToken, ReplayTier, Scope, StoredResponse, TableMode,
 };
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
@@ -85,6 +85,20 @@ pub(crate) struct PgVolume {
     pub(crate) wal_bytes_per_op: f64,
     pub(crate) bytes_per_row: f64,
     pub(crate) rows: i64,
+}
+
+/// Replays of one completed record, asked of the store and answered by a local replay tier in
+/// front of it, interleaved at one client.
+#[derive(Debug)]
+pub(crate) struct TierReplay {
+    pub(crate) target: Target,
+    /// Median over rounds of each round's median replay, in µs.
+    pub(crate) store_us: f64,
+    pub(crate) tier_us: f64,
+    /// Median over rounds of store / tier.
+    pub(crate) speedup: f64,
+    /// Of the tier's replays, the share it answered without asking the store.
+    pub(crate) local_share: f64,
 }
 
 /// Runs the mixed workload: 70% fresh requests (claim + complete), 20% retries of completed
@@ -342,6 +356,63 @@ pub(crate) async fn pg_volume(
         wal_bytes_per_op: wal / ops as f64,
         bytes_per_row: size / rows.max(1) as f64,
         rows,
+    })
+}
+
+/// Replays of one completed record straight from the store vs through a [`ReplayTier`] in front
+/// of it, `ops` each per round, the side that goes first alternating.
+pub(crate) async fn tier_replay(
+    connected: &Connected,
+    target: Target,
+    rounds: usize,
+    ops: usize,
+) -> Result<TierReplay, String> {
+    let store = Arc::clone(&connected.store);
+    let tier = ReplayTier::new(Arc::clone(&store));
+    let (scope, fp, response) = (bench_scope(), bench_fingerprint(), bench_response());
+    let (key, token) = (fresh_key(), LeaseToken::new());
+    store
+        .claim(&scope, &key, &fp, token, LEASE)
+        .await
+        .map_err(err)?;
+    if store
+        .complete(&scope, &key, token, &response, RETENTION)
+        .await
+        .map_err(err)?
+        != FenceOutcome::Applied
+    {
+        return Err("the replayed record could not be completed".into());
+    }
+    let tiered: &dyn IdempotencyStore = &tier;
+    let (mut direct, mut local, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut medians = [0.0; 2];
+        for side in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let via = if side == 0 { &*store } else { tiered };
+            let mut latencies = Vec::with_capacity(ops);
+            for _ in 0..ops {
+                let started = Instant::now();
+                let outcome = via
+                    .claim(&scope, &key, &fp, LeaseToken::new(), LEASE)
+                    .await
+                    .map_err(err)?;
+                latencies.push(started.elapsed().as_secs_f64() * 1e6);
+                if !matches!(outcome, ClaimOutcome::Existing(_)) {
+                    return Err("a replay found no completed record".into());
+                }
+            }
+            medians[side] = median(&mut latencies);
+        }
+        direct.push(medians[0]);
+        local.push(medians[1]);
+        ratios.push(medians[0] / medians[1]);
+    }
+    Ok(TierReplay {
+        target,
+        store_us: median(&mut direct),
+        tier_us: median(&mut local),
+        speedup: median(&mut ratios),
+        local_share: tier.hits() as f64 / (rounds * ops) as f64,
     })
 }
 

@@ -11,8 +11,8 @@ use idempotency_bench::http::{self, HttpCompare};
 use idempotency_bench::{Servers, Target, connect, err};
 use indicatif::{ProgressBar, ProgressStyle};
 use measure::{
-    Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep, concurrent_floor, floor,
-    interleaved, pg_volume, pool_sweep, workload,
+    Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep, TierReplay, concurrent_floor,
+    floor, interleaved, pg_volume, pool_sweep, tier_replay, workload,
 };
 use std::path::PathBuf;
 
@@ -115,6 +115,8 @@ pub(crate) struct Results {
     /// PostgreSQL UNLOGGED at the most clients over pools of several sizes.
     pub(crate) pool_sweep: Vec<PoolSweep>,
     pub(crate) volumes: Vec<PgVolume>,
+    /// Replays from the store vs from a local replay tier in front of it.
+    pub(crate) tier_replays: Vec<TierReplay>,
     /// The layer vs the same handler without it, through HTTP (fresh keys, replays).
     pub(crate) http: Vec<HttpCompare>,
     /// Stores that could not be reached, and why.
@@ -199,6 +201,16 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         progress.set_message(format!("{}: library vs raw driver", target.name()));
         if let Some(f) = floor(c, &servers, *target, args.floor_rounds, args.floor_ops).await? {
             floors.push(f);
+        }
+    }
+    let mut tier_replays = Vec::new();
+    for (target, c) in &connected {
+        if matches!(
+            target,
+            Target::Redis | Target::Postgres(TableMode::Unlogged)
+        ) {
+            progress.set_message(format!("{}: replays through the local tier", target.name()));
+            tier_replays.push(tier_replay(c, *target, args.floor_rounds, args.floor_ops).await?);
         }
     }
     for (_, c) in &connected {
@@ -319,6 +331,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         concurrent_floors,
         pool_sweep,
         volumes,
+        tier_replays,
         http,
         skipped,
         fsync_after_us,

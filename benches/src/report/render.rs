@@ -2,7 +2,7 @@
 
 use super::Model;
 use super::Results;
-use super::measure::{Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep};
+use super::measure::{Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep, TierReplay};
 use idempotency::TableMode;
 use idempotency_bench::Target;
 use idempotency_bench::http::{self, HttpCompare};
@@ -20,6 +20,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         concurrent_floors,
         pool_sweep,
         volumes,
+        tier_replays,
         http,
         skipped,
         fsync_after_us,
@@ -166,6 +167,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
             f.ping_us
         )?;
     }
+    tier_section(w, tier_replays, settings.floor_rounds, settings.floor_ops)?;
     concurrent_floor_section(w, concurrent_floors)?;
     pool_sweep_section(w, pool_sweep)?;
     writeln!(
@@ -203,6 +205,37 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         *fsync_after_us,
     )?;
     Ok(md)
+}
+
+/// Replays from the store vs from the local replay tier.
+fn tier_section(w: &mut String, tiers: &[TierReplay], rounds: usize, ops: usize) -> fmt::Result {
+    if tiers.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "\n### Replays through the local replay tier\n\nOne client replays one completed record, {rounds} interleaved rounds of \
+         {ops} replays per side: asked of the store (one round trip), and through `ReplayTier` in front of the same store \
+         (the record is kept in process after its first replay). Medians of the per-round medians, and the median of the \
+         per-round ratios.\n"
+    )?;
+    writeln!(
+        w,
+        "| store | replay from the store µs | replay from the tier µs | store / tier | answered by the tier |"
+    )?;
+    writeln!(w, "| --- | ---: | ---: | ---: | ---: |")?;
+    for t in tiers {
+        writeln!(
+            w,
+            "| {} | {:.0} | {:.1} | {:.0}x | {:.1}% |",
+            t.target.name(),
+            t.store_us,
+            t.tier_us,
+            t.speedup,
+            t.local_share * 100.0
+        )?;
+    }
+    Ok(())
 }
 
 /// The library against the raw driver with many clients.

@@ -101,7 +101,8 @@ pub(crate) struct CompletedRecords {
 }
 
 impl CompletedRecords {
-    pub(crate) fn new(max_bytes: u64, when_full: WhenFull) -> Self {
+    /// Records up to `max_bytes`; evictions are counted in the counter `evictions_metric`.
+    pub(crate) fn new(max_bytes: u64, when_full: WhenFull, evictions_metric: &'static str) -> Self {
         let bytes = Arc::new(AtomicU64::new(0));
         let evicted = Arc::new(AtomicU64::new(0));
         let (listener_bytes, listener_evicted) = (Arc::clone(&bytes), Arc::clone(&evicted));
@@ -118,7 +119,7 @@ impl CompletedRecords {
                 listener_bytes.fetch_sub(Completed::weight(&id, &record), Ordering::Relaxed);
                 if cause == RemovalCause::Size {
                     listener_evicted.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("idempotency_memory_evictions_total").increment(1);
+                    metrics::counter!(evictions_metric).increment(1);
                 }
             });
         if when_full == WhenFull::EvictLeastRecentlyUsed {

@@ -37,8 +37,10 @@
 mod completed;
 mod id;
 mod in_flight;
+mod tier;
 
 pub use completed::WhenFull;
+pub use tier::{ReplayTier, ReplayTierBuilder};
 
 use async_trait::async_trait;
 use completed::{Completed, CompletedRecords};
@@ -105,7 +107,11 @@ impl MemoryStoreBuilder {
                 claims: Claims::new(),
                 in_flight: AtomicUsize::new(0),
                 max_in_flight: self.max_in_flight,
-                completed: CompletedRecords::new(self.max_stored_bytes, self.when_full),
+                completed: CompletedRecords::new(
+                    self.max_stored_bytes,
+                    self.when_full,
+                    "idempotency_memory_evictions_total",
+                ),
             }),
         }
     }

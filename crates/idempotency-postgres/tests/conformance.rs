@@ -1,5 +1,6 @@
 //! The conformance suite against the real PostgreSQL server, in each table mode. Every case
-//! gets its own schema, dropped afterwards, so cases run in parallel.
+//! gets its own schema, dropped afterwards, so cases run in parallel. UNLOGGED runs once more
+//! through the local replay tier.
 
 mod postgres {
     use idempotency_postgres::{PostgresStore, TableMode};
@@ -33,6 +34,23 @@ mod postgres {
     mod logged {
         use super::*;
         idempotency_conformance::conformance_suite!(store(TableMode::Logged), drop_schema);
+    }
+
+    /// The suite through the local replay tier (`idempotency_memory::ReplayTier`): a store
+    /// with the tier in front must keep every invariant the store keeps alone.
+    mod unlogged_through_the_replay_tier {
+        use super::*;
+        use idempotency_memory::ReplayTier;
+
+        async fn tiered() -> ReplayTier<PostgresStore> {
+            ReplayTier::new(store(TableMode::Unlogged).await)
+        }
+
+        async fn drop_tiered(tier: Arc<ReplayTier<PostgresStore>>) {
+            idempotency_testkit::drop_test_schema(tier.store().schema()).await;
+        }
+
+        idempotency_conformance::conformance_suite!(tiered(), drop_tiered);
     }
 
     mod logged_async_commit {

@@ -1,5 +1,6 @@
 //! The conformance suite against the real Redis server (each case under its own key prefix and
-//! random scopes), and against a throwaway three-master Redis Cluster.
+//! random scopes), through the local replay tier, and against a throwaway three-master Redis
+//! Cluster.
 
 mod redis {
     use idempotency_redis::RedisStore;
@@ -22,6 +23,14 @@ mod redis {
     mod single {
         use super::*;
         idempotency_conformance::conformance_suite!(single_node());
+    }
+
+    /// The suite through the local replay tier (`idempotency_memory::ReplayTier`).
+    mod single_through_the_replay_tier {
+        use super::*;
+        idempotency_conformance::conformance_suite!(async {
+            idempotency_memory::ReplayTier::new(single_node().await)
+        });
     }
 
     /// The whole suite against three masters; the cluster's servers stop when the test ends.

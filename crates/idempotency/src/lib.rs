@@ -42,7 +42,7 @@ pub use idempotency_tower::{
 pub use idempotency_tower::{Tx, TxRejection};
 
 #[cfg(feature = "memory")]
-pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder};
+pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, ReplayTier};
 #[cfg(feature = "postgres")]
 pub use idempotency_postgres::{self as postgres, PgTransaction, PostgresStore, TableMode};
 #[cfg(feature = "redis")]
