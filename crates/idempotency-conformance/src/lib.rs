@@ -135,6 +135,7 @@ macro_rules! __with_cases {
             release_with_a_foreign_token_changes_nothing
             nothing_changes_a_completed_record
             purge_removes_only_expired_records
+            purge_racing_takeovers_never_deletes_a_live_claim
             absent_key_reads_none_and_fences_stale
             hostile_keys_and_scopes_round_trip
             engine_runs_a_request_once_and_replays_it

@@ -348,10 +348,16 @@ impl Statements {
                 ),
                 KEY,
             ),
+            // A batch of expired rows by their ctid (a bounded delete without a key order). The
+            // outer `expires_at` re-check is what keeps a live row: a row picked while expired
+            // and taken over by a claim before the delete reaches it is re-read at its latest
+            // version, which is live, so it is not deleted (the conformance case
+            // `purge_racing_takeovers_never_deletes_a_live_claim`).
             purge: Sql::new(
                 format!(
                     "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
-                       SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1))"
+                       SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1)) \
+                     AND expires_at <= now()"
                 ),
                 &[Type::INT8],
             ),

@@ -100,6 +100,63 @@ pub async fn purge_removes_only_expired_records<S: IdempotencyStore + ?Sized>(st
     assert_eq!(get(&*store, &s, &dead_held).await, None);
 }
 
+/// Invariant 4 under a purge: purging while expired claims are being taken over never deletes a
+/// takeover's live claim (the purge must re-check expiry on the row it deletes, not only on
+/// the row it picked).
+pub async fn purge_racing_takeovers_never_deletes_a_live_claim<S: IdempotencyStore + ?Sized>(
+    store: Arc<S>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (s, fp) = (scope("purge-race"), fingerprint("a"));
+    let keys: Vec<IdempotencyKey> = (0..200).map(|_| key()).collect();
+    for k in &keys {
+        must_claim(&*store, &s, k, &fp, SHORT).await;
+    }
+    tokio::time::sleep(PAST_SHORT).await;
+    let done = AtomicBool::new(false);
+    let purger = async {
+        let mut purges = 0u32;
+        while !done.load(Ordering::Relaxed) || purges == 0 {
+            store
+                .purge_expired(3)
+                .await
+                .expect("invariant 8: purge must not fail against a healthy store");
+            purges += 1;
+            tokio::task::yield_now().await;
+        }
+    };
+    let takeovers = async {
+        let mut tokens = Vec::with_capacity(keys.len());
+        for k in &keys {
+            let token = LeaseToken::new();
+            match claim(&*store, &s, k, &fp, token, LONG).await {
+                ClaimOutcome::Claimed => tokens.push(token),
+                other => panic!("an expired claim must be taken over, got {other:?}"),
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        tokens
+    };
+    let ((), tokens) = futures_util::join!(purger, takeovers);
+    for (k, token) in keys.iter().zip(tokens) {
+        assert!(
+            matches!(
+                get(&*store, &s, k).await,
+                Some(Record {
+                    state: RecordState::InFlight { .. },
+                    ..
+                })
+            ),
+            "invariant 4: the purge deleted a claim taken over while it ran"
+        );
+        assert_eq!(
+            complete(&*store, &s, k, token, &response(200, b"{}"), LONG).await,
+            FenceOutcome::Applied,
+            "the takeover must still hold its claim after the purge"
+        );
+    }
+}
+
 /// Operations on a key that was never claimed: absent, and fenced operations are stale.
 pub async fn absent_key_reads_none_and_fences_stale<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
     let (s, k) = (scope("absent"), key());
