@@ -2,6 +2,7 @@
 
 use crate::DEFAULT_PREFIX;
 use crate::error::RedisStoreError;
+use crate::eviction;
 use crate::store::{Connection, Inner, RedisStore};
 use idempotency_core::StateLoss;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -28,6 +29,8 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     tls_root_cert: Option<std::path::PathBuf>,
+    allow_eviction: bool,
+    watch_interval: Option<Duration>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -55,6 +58,25 @@ impl RedisStoreBuilder {
     /// Bound on each command's answer (default 2 s).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Accept a server whose `maxmemory-policy` can evict records (any but `noeviction`);
+    /// without it [`build`](RedisStoreBuilder::build) refuses such a server with
+    /// [`RedisStoreError::EvictingPolicy`]. Under memory pressure an evicted record's retry runs
+    /// its request again, and an evicted in-flight claim lets a concurrent duplicate run;
+    /// evictions are then counted (`idempotency_redis_evicted_keys_total`) and logged.
+    pub fn allow_eviction(mut self) -> Self {
+        self.allow_eviction = true;
+        self
+    }
+
+    /// How often the store's watch runs (default every 60 s; `None`: no watch): the loss check
+    /// ([`RedisStore::check_state`]), the eviction count ([`RedisStore::check_evictions`]), and a
+    /// log line if a node's policy was changed to an evicting one. The watch is a task on the
+    /// runtime that builds the store, and ends when the store is dropped.
+    pub fn watch_interval(mut self, every: Option<Duration>) -> Self {
+        self.watch_interval = every;
         self
     }
 
@@ -164,6 +186,9 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 needs_check: AtomicBool::new(false),
                 losses: StateLoss::default(),
+                evicted_seen: Default::default(),
+                evictions: Default::default(),
+                eviction_allowed: self.allow_eviction,
             }),
         };
         // The first store on this prefix plants the sentinel; its later absence means Redis lost
@@ -172,6 +197,31 @@ impl RedisStoreBuilder {
             .plant_sentinel()
             .await
             .map_err(RedisStoreError::Connect)?;
+        let policies = eviction::policies(&store.inner.connection)
+            .await
+            .map_err(RedisStoreError::Inspect)?;
+        if let Some(evicting) = eviction::first_evicting(&policies) {
+            if !self.allow_eviction {
+                return Err(RedisStoreError::EvictingPolicy {
+                    node: evicting.node.clone(),
+                    policy: evicting.policy.clone(),
+                });
+            }
+            tracing::warn!(
+                node = %evicting.node,
+                policy = %evicting.policy,
+                "Redis can evict idempotency records (allowed by allow_eviction): their retries \
+                 run again under memory pressure"
+            );
+        }
+        // The baseline of the eviction count.
+        let evicted = eviction::evicted_per_node(&store.inner.connection)
+            .await
+            .map_err(RedisStoreError::Inspect)?;
+        store.inner.note_evicted(evicted);
+        if let Some(period) = self.watch_interval {
+            eviction::spawn_watch(&store.inner, period);
+        }
         Ok(store)
     }
 }
@@ -212,6 +262,8 @@ impl RedisStore {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             tls_root_cert: None,
+            allow_eviction: false,
+            watch_interval: Some(Duration::from_secs(60)),
         }
     }
 }

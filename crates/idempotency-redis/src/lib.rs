@@ -26,16 +26,24 @@
 //! - While Redis is unreachable every call fails with a retryable
 //!   [`StoreError::Unavailable`](idempotency_core::StoreError::Unavailable), never "absent"; the connection recovers by itself.
 //! - Durability is Redis': with persistence off (`--save "" --appendonly no`) a restart forgets
-//!   every key. Use `appendonly yes` and `maxmemory-policy noeviction` in production: an
-//!   evicting policy can drop an in-flight claim.
+//!   every key. Use `appendonly yes` and `maxmemory-policy noeviction` in production.
+//! - **An evicting `maxmemory-policy` is refused** when the store is built (read from
+//!   `INFO memory` of every master): any policy but `noeviction` can drop records, in-flight
+//!   claims included, and their retries run again. [`RedisStoreBuilder::allow_eviction`]
+//!   accepts the risk. A watch ([`RedisStoreBuilder::watch_interval`], every minute by default)
+//!   runs the loss check, counts Redis' `evicted_keys` growth
+//!   (`idempotency_redis_evicted_keys_total`, and a warning in the log) and reports a policy
+//!   changed at run time.
 
 //!
 //! # Files
 //! `builder.rs` (connecting), `store.rs` (the primitives, key names, loss detection),
+//! `eviction.rs` (the policy check and the eviction watch), `status.rs` (server settings),
 //! `reply.rs` (the scripts' replies), `error.rs`, and the scripts in `lua/`.
 
 mod builder;
 mod error;
+mod eviction;
 mod reply;
 mod status;
 mod store;

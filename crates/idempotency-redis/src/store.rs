@@ -28,6 +28,12 @@ pub(crate) struct Inner {
     pub(crate) sentinel: String,
     pub(crate) needs_check: AtomicBool,
     pub(crate) losses: StateLoss,
+    /// `evicted_keys` per node at the last eviction check.
+    pub(crate) evicted_seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Evictions seen since the store was built.
+    pub(crate) evictions: std::sync::atomic::AtomicU64,
+    /// Whether the user allowed an evicting `maxmemory-policy`.
+    pub(crate) eviction_allowed: bool,
 }
 
 /// The Redis store. Cheap to clone; clones share the connection.
@@ -138,7 +144,9 @@ impl RedisStore {
         };
         result.map_err(|e| {
             let error = redis_error(e);
-            if error.is_retryable() {
+            // A full Redis (OOM) answered: nothing was lost, and the check (a write) would be
+            // refused too.
+            if error.is_retryable() && !matches!(error, StoreError::Full { .. }) {
                 // The connection failed: Redis may come back empty. Check before the next call.
                 self.inner.needs_check.store(true, Ordering::Relaxed);
             }
@@ -166,7 +174,19 @@ impl IdempotencyStore for RedisStore {
             .arg(&fingerprint.to_bytes()[..])
             .arg(&token.as_bytes()[..])
             .arg(millis(lease));
-        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let reply: Vec<Value> = match self.invoke(&invocation).await {
+            Ok(reply) => reply,
+            // At `maxmemory` Redis refuses the claim script (it may write), but a replay or an
+            // in-flight answer only reads: the read-only script still runs, so a key that
+            // already has a record is answered and only a new claim is refused.
+            Err(full @ StoreError::Full { .. }) => {
+                return match self.get(scope, key).await? {
+                    Some(record) => Ok(ClaimOutcome::Existing(record)),
+                    None => Err(full),
+                };
+            }
+            Err(error) => return Err(error),
+        };
         let mut items = reply.into_iter();
         match items.next() {
             Some(Value::Int(CLAIMED)) => Ok(ClaimOutcome::Claimed),
