@@ -29,6 +29,9 @@ enum Command {
     /// The layer's cost through real HTTP: a task API with and without the layer (memory
     /// store), each in its own process, interleaved rounds of fresh keys and replays.
     Http(HttpArgs),
+    /// Purge at scale only (a section of the report): days of churn on a throwaway
+    /// PostgreSQL, with autovacuum at defaults and as recommended; prints the Markdown table.
+    Purge(PurgeArgs),
     /// Serves the task API of `http` (started by `http` and the report).
     #[command(hide = true)]
     ServeTasks(ServeArgs),
@@ -46,6 +49,20 @@ struct HttpArgs {
     /// Length of a round, in seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+}
+
+/// Settings of the purge-at-scale run.
+#[derive(clap::Args, Debug)]
+struct PurgeArgs {
+    /// Live records (a day of records).
+    #[arg(long, default_value_t = 400_000)]
+    live_rows: u64,
+    /// Compressed days of churn per variant.
+    #[arg(long, default_value_t = 4)]
+    days: u32,
+    /// Wall time of one compressed hour, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    hour_ms: u64,
 }
 
 /// Settings of the task API server.
@@ -101,6 +118,32 @@ fn main() -> std::process::ExitCode {
         },
         Command::Load(args) => runtime.block_on(load(args)),
         Command::Http(args) => runtime.block_on(http(args)),
+        Command::Purge(args) => {
+            let churn = report::purge::Churn {
+                live_rows: args.live_rows,
+                days: args.days.max(1),
+                step: std::time::Duration::from_millis(args.hour_ms),
+            };
+            match runtime.block_on(report::purge::measure(churn)) {
+                Ok(runs) => {
+                    let mut md = String::new();
+                    match report::render::purge_section(&mut md, &runs, &churn) {
+                        Ok(()) => {
+                            println!("{md}");
+                            std::process::ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("purge: {e}");
+                            std::process::ExitCode::FAILURE
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("purge: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::ServeTasks(args) => match runtime.block_on(http::serve(args.listen, args.layer)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {

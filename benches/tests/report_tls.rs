@@ -28,7 +28,17 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
             "--floor-rounds",
             "2",
         ])
-        .args(["--floor-ops", "5", "--wal-ops", "20", "--out"])
+        .args(["--floor-ops", "5", "--wal-ops", "20"])
+        // Purge at scale, tiny: 2400 rows, one compressed day of 50 ms hours.
+        .args([
+            "--purge-live-rows",
+            "2400",
+            "--purge-days",
+            "1",
+            "--purge-hour-ms",
+            "50",
+        ])
+        .arg("--out")
         .arg(&report)
         // rediss:// trusts the system's roots; SSL_CERT_FILE points them at the test CA.
         .env("SSL_CERT_FILE", &root)
@@ -48,4 +58,12 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
         assert!(text.contains(row), "missing {row:?} in:\n{text}");
     }
     assert!(text.contains("| postgres_unlogged |") && text.contains("library / raw"));
+    assert!(
+        text.contains("## PostgreSQL: purge at scale") && text.contains("| unlogged | defaults |"),
+        "missing the purge figures in:\n{text}"
+    );
+    assert!(
+        text.contains("| postgres_unlogged | ") && text.contains("replay from the tier"),
+        "missing the replay tier figures in:\n{text}"
+    );
 }

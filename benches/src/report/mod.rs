@@ -4,7 +4,8 @@
 mod chart;
 mod measure;
 mod probe;
-mod render;
+pub(crate) mod purge;
+pub(crate) mod render;
 
 use idempotency::TableMode;
 use idempotency_bench::http::{self, HttpCompare};
@@ -70,6 +71,16 @@ pub(crate) struct Args {
     /// Keep-alive connections of the HTTP comparison.
     #[arg(long, default_value_t = 32)]
     http_connections: usize,
+    /// Purge at scale: live records of the compressed churn (a day of records; the run inserts
+    /// this many per compressed day).
+    #[arg(long, default_value_t = 400_000)]
+    purge_live_rows: u64,
+    /// Purge at scale: compressed days of churn per variant; 0 skips the section.
+    #[arg(long, default_value_t = 4)]
+    purge_days: u32,
+    /// Purge at scale: wall time of one compressed hour, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    purge_hour_ms: u64,
     /// Capacity model: idempotent writes per user per day.
     #[arg(long, default_value_t = 20.0)]
     writes_per_user_per_day: f64,
@@ -119,6 +130,9 @@ pub(crate) struct Results {
     pub(crate) tier_replays: Vec<TierReplay>,
     /// The layer vs the same handler without it, through HTTP (fresh keys, replays).
     pub(crate) http: Vec<HttpCompare>,
+    /// Purge at scale, per table mode and autovacuum setting.
+    pub(crate) purges: Vec<purge::PurgeRun>,
+    pub(crate) churn: purge::Churn,
     /// Stores that could not be reached, and why.
     pub(crate) skipped: Vec<String>,
     pub(crate) fsync_after_us: Option<f64>,
@@ -135,7 +149,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         pgbouncer: args.pgbouncer.clone(),
     };
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
-    let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 7;
+    let steps = Target::ALL.len() * (args.concurrency.len() + 2) + 8;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -292,6 +306,26 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         http::compare_workloads(args.http_connections, args.http_rounds, length).await?
     };
     progress.inc(1);
+
+    // Phase 5: purge at scale, on a throwaway server of its own.
+    let churn = purge::Churn {
+        live_rows: args.purge_live_rows,
+        days: args.purge_days,
+        step: std::time::Duration::from_millis(args.purge_hour_ms),
+    };
+    let purges = if args.purge_days == 0 {
+        Vec::new()
+    } else {
+        progress.set_message("purge at scale (throwaway server)");
+        match purge::measure(churn).await {
+            Ok(runs) => runs,
+            Err(why) => {
+                skipped.push(format!("purge at scale: {why}"));
+                Vec::new()
+            }
+        }
+    };
+    progress.inc(1);
     let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
     progress.finish_with_message("done");
 
@@ -333,6 +367,8 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         volumes,
         tier_replays,
         http,
+        purges,
+        churn,
         skipped,
         fsync_after_us,
         chart_file,

@@ -3,6 +3,7 @@
 use super::Model;
 use super::Results;
 use super::measure::{Cell, Compare, ConcurrentFloor, Floor, PgVolume, PoolSweep, TierReplay};
+use super::purge::{self, Churn, PurgeRun};
 use idempotency::TableMode;
 use idempotency_bench::Target;
 use idempotency_bench::http::{self, HttpCompare};
@@ -22,6 +23,8 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         volumes,
         tier_replays,
         http,
+        purges,
+        churn,
         skipped,
         fsync_after_us,
         chart_file,
@@ -194,6 +197,10 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         )?;
     }
     http_section(w, http, settings.http_seconds)?;
+    if !purges.is_empty() {
+        writeln!(w, "\n## PostgreSQL: purge at scale\n")?;
+        purge_section(w, purges, churn)?;
+    }
     capacity(w, &settings.model, cells, volumes)?;
     verdict(
         w,
@@ -205,6 +212,57 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         *fsync_after_us,
     )?;
     Ok(md)
+}
+
+/// Purge at scale: the text and the table (also printed by `idempotency-bench purge`).
+pub(crate) fn purge_section(w: &mut String, runs: &[PurgeRun], churn: &Churn) -> fmt::Result {
+    writeln!(
+        w,
+        "{} live records of a 24-hour retention, churned for {} compressed days (one hour = {} ms of wall time) on a \
+         throwaway PostgreSQL with `autovacuum_naptime=1s`: each hour purges what expired through the store's \
+         `purge_expired` ({} rows per statement) and inserts the hour's {} new completed records. Sizes are \
+         `pg_total_relation_size` (table, TOAST, indexes) right after the first day was inserted (no dead rows) and at the \
+         end. WAL is counted around the purges only. \"recommended\" is `ALTER TABLE ... SET ({})`, what migration 0003 applies; \"defaults\" resets \
+         them to the server's.\n",
+        churn.live_rows,
+        churn.days,
+        churn.step.as_millis(),
+        purge::BATCH,
+        churn.rows_per_hour(),
+        purge::RECOMMENDED
+    )?;
+    writeln!(
+        w,
+        "| table | autovacuum | rows inserted / purged | purged rows/s | slowest hourly purge ms | WAL B / purged row | \
+         size fresh MiB | size at end MiB | end / fresh | indexes end / fresh | live / dead rows at end | autovacuums | late hours |"
+    )?;
+    writeln!(
+        w,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    let mib = |b: i64| b as f64 / 1048576.0;
+    for r in runs {
+        writeln!(
+            w,
+            "| {} | {} | {} / {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} / {} | {} | {} |",
+            r.variant.mode.name(),
+            r.variant.autovacuum(),
+            r.rows_inserted,
+            r.rows_purged,
+            r.purge_rows_per_s,
+            r.slowest_purge_ms,
+            r.wal_bytes_per_purged_row,
+            mib(r.fresh_bytes),
+            mib(r.end_bytes),
+            r.end_bytes as f64 / r.fresh_bytes.max(1) as f64,
+            r.end_index_bytes as f64 / r.fresh_index_bytes.max(1) as f64,
+            r.live_rows_at_end,
+            r.dead_rows_at_end,
+            r.autovacuums,
+            r.late_steps
+        )?;
+    }
+    Ok(())
 }
 
 /// Replays from the store vs from the local replay tier.

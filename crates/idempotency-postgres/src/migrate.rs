@@ -20,7 +20,7 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order.
-pub(crate) const MIGRATIONS: [Migration; 2] = [
+pub(crate) const MIGRATIONS: [Migration; 3] = [
     Migration {
         version: 1,
         name: "0001_create_idempotency_keys",
@@ -32,6 +32,12 @@ pub(crate) const MIGRATIONS: [Migration; 2] = [
         name: "0002_schedule_purge_with_pg_cron",
         template: SCHEDULE_PURGE,
         only_with_extension: Some("pg_cron"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_tune_autovacuum",
+        template: TUNE_AUTOVACUUM,
+        only_with_extension: None,
     },
 ];
 
@@ -87,6 +93,21 @@ BEGIN
     END IF;
 END
 $$;
+";
+
+const TUNE_AUTOVACUUM: &str = "\
+-- Autovacuum for a table whose rows are all replaced once per retention period: vacuum after
+-- each hourly purge (1% of the rows dead, at least 1000) instead of the default's 20%, and
+-- without throttling (the default for a manual VACUUM). Measured in docs/reevaluation.md
+-- (\"purge at scale\": 2M rows over 4 compressed days): the table ended at 1.18x its fresh
+-- size instead of 1.45x, and purges ran 1.7x faster. `ALTER TABLE {table} RESET (...)` undoes it.
+ALTER TABLE {table} SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+INSERT INTO {migrations} (version, name) VALUES (3, '0003_tune_autovacuum')
+ON CONFLICT (version) DO NOTHING;
 ";
 
 impl Migration {

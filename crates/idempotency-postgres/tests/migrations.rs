@@ -78,7 +78,7 @@ mod postgres {
             .map(|e| e.expect("entry").path())
             .collect();
         files.sort();
-        assert_eq!(files.len(), 2);
+        assert_eq!(files.len(), 3);
         for file in &files {
             let file = file.to_string_lossy();
             run(
@@ -97,13 +97,18 @@ mod postgres {
 
         let library = PostgresStore::connect(&library_url).await.expect("connect");
         let report = library.migrate().await.expect("migrate");
-        assert_eq!(report.applied, ["0001_create_idempotency_keys"]);
+        // No pg_cron here: 0002 does nothing and is not recorded.
+        assert_eq!(
+            report.applied,
+            ["0001_create_idempotency_keys", "0003_tune_autovacuum"]
+        );
 
         let psql_dump = dump(&psql_url);
         assert!(
             psql_dump.contains("CREATE UNLOGGED TABLE public.idempotency_keys (")
                 && psql_dump.contains("idempotency_keys_expires_at_idx")
-                && psql_dump.contains("CREATE TABLE public.idempotency_keys_migrations ("),
+                && psql_dump.contains("CREATE TABLE public.idempotency_keys_migrations (")
+                && psql_dump.contains("autovacuum_vacuum_scale_factor='0.01'"),
             "pg_dump must show the tables:\n{psql_dump}"
         );
         assert_eq!(
