@@ -219,7 +219,7 @@ pub(crate) fn purge_section(w: &mut String, runs: &[PurgeRun], churn: &Churn) ->
     writeln!(
         w,
         "{} live records of a 24-hour retention, churned for {} compressed days (one hour = {} ms of wall time) on a \
-         throwaway PostgreSQL with `autovacuum_naptime=1s`: each hour purges what expired through the store's \
+         throwaway PostgreSQL with `autovacuum_naptime=1s` and `fsync=off`: each hour purges what expired through the store's \
          `purge_expired` ({} rows per statement) and inserts the hour's {} new completed records. Sizes are \
          `pg_total_relation_size` (table, TOAST, indexes) right after the first day was inserted (no dead rows) and at the \
          end. WAL is counted around the purges only. \"recommended\" is `ALTER TABLE ... SET ({})`, what migration 0003 applies; \"defaults\" resets \
