@@ -29,6 +29,14 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
             "2",
         ])
         .args(["--floor-ops", "5", "--wal-ops", "20"])
+        .args(["--floor-clients", "4", "--sweep-pools", "2,4"])
+        .args([
+            "--concurrent-floor-rounds",
+            "1",
+            "--concurrent-floor-ops",
+            "5",
+        ])
+        .args(["--http-rounds", "1", "--http-seconds", "0.5"])
         // Purge at scale, tiny: 2400 rows, one compressed day of 50 ms hours.
         .args([
             "--purge-live-rows",

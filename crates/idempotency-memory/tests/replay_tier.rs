@@ -42,19 +42,24 @@ mod calls {
         )
     }
 
+    type Counted = FaultyStore<MemoryStore>;
+
+    /// A tier over a memory store that counts its calls, a scope and a fresh key.
+    fn tiered() -> (Counted, ReplayTier<Counted>, Scope, IdempotencyKey) {
+        let store = FaultyStore::new(MemoryStore::default());
+        let tier = ReplayTier::new(store.clone());
+        (store, tier, Scope::new("user").unwrap(), key())
+    }
+
     /// The calls that reach the store.
-    fn store_calls(store: &FaultyStore<MemoryStore>) -> u64 {
+    fn store_calls(store: &Counted) -> u64 {
         [Op::Claim, Op::Complete, Op::Extend, Op::Release, Op::Get]
             .into_iter()
             .map(|op| store.calls(op))
             .sum()
     }
 
-    async fn complete_once(
-        tier: &ReplayTier<FaultyStore<MemoryStore>>,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) {
+    async fn complete_once(tier: &ReplayTier<Counted>, scope: &Scope, key: &IdempotencyKey) {
         let token = LeaseToken::new();
         assert_eq!(
             tier.claim(scope, key, &fp("a"), token, HOUR).await.unwrap(),
@@ -113,9 +118,7 @@ mod calls {
 
     #[tokio::test]
     async fn in_flight_and_unknown_keys_always_ask_the_store() {
-        let store = FaultyStore::new(MemoryStore::default());
-        let tier = ReplayTier::new(store.clone());
-        let (scope, key) = (Scope::new("user").unwrap(), key());
+        let (store, tier, scope, key) = tiered();
         assert_eq!(tier.get(&scope, &key).await.unwrap(), None);
         assert_eq!(store.calls(Op::Get), 1);
         let token = LeaseToken::new();
@@ -174,9 +177,7 @@ mod calls {
 
     #[tokio::test]
     async fn the_tier_keeps_a_record_no_longer_than_the_store() {
-        let store = FaultyStore::new(MemoryStore::default());
-        let tier = ReplayTier::new(store.clone());
-        let (scope, key) = (Scope::new("user").unwrap(), key());
+        let (store, tier, scope, key) = tiered();
         let token = LeaseToken::new();
         tier.claim(&scope, &key, &fp("a"), token, HOUR)
             .await
@@ -211,9 +212,7 @@ mod calls {
 
     #[tokio::test]
     async fn cached_replays_go_on_through_a_store_outage() {
-        let store = FaultyStore::new(MemoryStore::default());
-        let tier = ReplayTier::new(store.clone());
-        let (scope, key) = (Scope::new("user").unwrap(), key());
+        let (store, tier, scope, key) = tiered();
         complete_once(&tier, &scope, &key).await;
         store.set(Op::Claim, Fault::Fail);
         let replay = tier
@@ -229,9 +228,7 @@ mod calls {
 
     #[tokio::test]
     async fn a_completion_retried_after_an_error_still_enters_the_tier() {
-        let store = FaultyStore::new(MemoryStore::default());
-        let tier = ReplayTier::new(store.clone());
-        let (scope, key) = (Scope::new("user").unwrap(), key());
+        let (store, tier, scope, key) = tiered();
         let token = LeaseToken::new();
         tier.claim(&scope, &key, &fp("a"), token, HOUR)
             .await
@@ -260,9 +257,7 @@ mod calls {
 
     #[tokio::test]
     async fn a_stale_completion_enters_nothing() {
-        let store = FaultyStore::new(MemoryStore::default());
-        let tier = ReplayTier::new(store.clone());
-        let (scope, key) = (Scope::new("user").unwrap(), key());
+        let (_, tier, scope, key) = tiered();
         let token = LeaseToken::new();
         tier.claim(&scope, &key, &fp("a"), token, Duration::from_millis(200))
             .await
