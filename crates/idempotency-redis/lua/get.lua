@@ -1,5 +1,5 @@
 -- Read a record and its remaining TTL in one consistent step. It never writes, so Redis runs it
--- at maxmemory too (where the claim script is refused): replays still work then.
+-- at maxmemory too.
 -- KEYS[1] the record
 -- Returns {} when absent, {IN_FLIGHT, fp, pttl} in flight, {COMPLETED, fp, resp, pttl} completed.
 -- The reply tags, named the same way in src/reply.rs:

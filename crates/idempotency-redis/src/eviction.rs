@@ -15,8 +15,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// The one policy that never evicts.
-const NO_EVICTION: &str = "noeviction";
+/// Whether Redis' `maxmemory-policy` can evict idempotency records: every policy but
+/// `noeviction` (`volatile-*` too: every record has a TTL).
+pub(crate) fn policy_evicts(policy: &str) -> bool {
+    policy != "noeviction"
+}
 
 /// `INFO <section>` of every node the command reaches: the one server, or each master of a
 /// cluster; as `(node, text)`.
@@ -84,21 +87,10 @@ pub(crate) async fn policies(connection: &Connection) -> Result<Vec<NodePolicy>,
 
 /// The first node whose policy can evict records.
 pub(crate) fn first_evicting(policies: &[NodePolicy]) -> Option<&NodePolicy> {
-    policies.iter().find(|p| p.policy != NO_EVICTION)
+    policies.iter().find(|p| policy_evicts(&p.policy))
 }
 
 impl RedisStore {
-    /// The `maxmemory-policy` of the server, or of every master of a cluster, as
-    /// `(node, policy)`. Any policy but `noeviction` can evict idempotency records.
-    pub async fn eviction_policies(&self) -> Result<Vec<(String, String)>, StoreError> {
-        Ok(policies(&self.inner.connection)
-            .await
-            .map_err(redis_error)?
-            .into_iter()
-            .map(|p| (p.node, p.policy))
-            .collect())
-    }
-
     /// Reads `evicted_keys` of the server (every master of a cluster) and returns how many keys
     /// Redis evicted since the last check (the first check, when the store is built, sets the
     /// baseline). Growth is added to `idempotency_redis_evicted_keys_total` and logged as a

@@ -25,7 +25,7 @@ pub struct ServerInfo {
 impl ServerInfo {
     /// Whether the eviction policy can drop idempotency records (in-flight claims included).
     pub fn evicts_records(&self) -> bool {
-        self.maxmemory_policy != "noeviction"
+        crate::eviction::policy_evicts(&self.maxmemory_policy)
     }
 
     /// What is wrong, as sentences an operator can act on; empty when nothing is.

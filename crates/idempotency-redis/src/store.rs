@@ -174,19 +174,7 @@ impl IdempotencyStore for RedisStore {
             .arg(&fingerprint.to_bytes()[..])
             .arg(&token.as_bytes()[..])
             .arg(millis(lease));
-        let reply: Vec<Value> = match self.invoke(&invocation).await {
-            Ok(reply) => reply,
-            // At `maxmemory` Redis refuses the claim script (it may write), but a replay or an
-            // in-flight answer only reads: the read-only script still runs, so a key that
-            // already has a record is answered and only a new claim is refused.
-            Err(full @ StoreError::Full { .. }) => {
-                return match self.get(scope, key).await? {
-                    Some(record) => Ok(ClaimOutcome::Existing(record)),
-                    None => Err(full),
-                };
-            }
-            Err(error) => return Err(error),
-        };
+        let reply: Vec<Value> = self.invoke(&invocation).await?;
         let mut items = reply.into_iter();
         match items.next() {
             Some(Value::Int(CLAIMED)) => Ok(ClaimOutcome::Claimed),
