@@ -1,7 +1,8 @@
-//! Exactly once across a crash of the service and a fault of the key table, on the demo with the
-//! PostgreSQL store: every key that was sent is retried to completion, then the tasks are counted
-//! per key. With transactional completion (the default) no key has two tasks; with tasks written
-//! outside the key's transaction the same test finds keys with two, so it is known to see them.
+//! Exactly once across a crash of the service and a fault of the key table, on two apps: the demo
+//! (tokio-postgres store) and the sqlx example (`examples/axum_sqlx.rs`, `SqlxPostgresStore`).
+//! Every key that was sent is retried to completion, then the side effects (tasks, orders) are
+//! counted per key. With transactional completion no key has two; with tasks written outside the
+//! key's transaction the same test finds keys with two, so it is known to see them.
 #![allow(clippy::unwrap_used)]
 
 mod postgres {
@@ -24,36 +25,95 @@ mod postgres {
     /// their keys.
     const CRASH_LEASE: &str = "2";
 
-    /// Of `keys` (each the title of its task), how many have more than one task, and how many
-    /// have a task at all.
-    async fn tasks_per_key(db: &Database, keys: &[String]) -> (i64, i64) {
+    /// The app under test.
+    #[derive(Clone, Copy, Debug)]
+    enum App {
+        /// The demo's task API on the tokio-postgres store, with extra command-line flags.
+        Demo(&'static [&'static str]),
+        /// The sqlx example: orders written in the request's `sqlx::Transaction`.
+        SqlxOrders,
+    }
+
+    impl App {
+        /// The route that creates the side effect.
+        fn path(self) -> &'static str {
+            match self {
+                App::Demo(_) => "/tasks",
+                App::SqlxOrders => "/orders",
+            }
+        }
+
+        /// The request body; the side effect carries `key`.
+        fn body(self, key: &str) -> String {
+            match self {
+                App::Demo(_) => format!(r#"{{"title":"{key}"}}"#),
+                App::SqlxOrders => format!(r#"{{"item":"{key}"}}"#),
+            }
+        }
+
+        /// Of `$1` (keys), how many have more than one side effect, and how many have one at all.
+        fn per_key_sql(self) -> &'static str {
+            match self {
+                App::Demo(_) => {
+                    "SELECT count(*) FILTER (WHERE n > 1), count(*) \
+                     FROM (SELECT title, count(*) AS n FROM tasks \
+                           WHERE title = ANY($1) GROUP BY title) per_key"
+                }
+                App::SqlxOrders => {
+                    "SELECT count(*) FILTER (WHERE n > 1), count(*) \
+                     FROM (SELECT item, count(*) AS n FROM orders \
+                           WHERE item = ANY($1) GROUP BY item) per_key"
+                }
+            }
+        }
+    }
+
+    /// Of `keys`, how many have more than one side effect, and how many have one at all.
+    async fn effects_per_key(db: &Database, app: App, keys: &[String]) -> (i64, i64) {
         let row = db
             .connect()
             .await
-            .query_one(
-                "SELECT count(*) FILTER (WHERE n > 1), count(*) \
-                 FROM (SELECT title, count(*) AS n FROM tasks \
-                       WHERE title = ANY($1) GROUP BY title) per_key",
-                &[&keys],
-            )
+            .query_one(app.per_key_sql(), &[&keys])
             .await
             .unwrap();
         (row.get(0), row.get(1))
     }
 
-    /// The demo service as a child process.
-    struct Demo {
-        process: DemoProcess,
+    /// Where an app listens.
+    #[derive(Clone, Copy)]
+    struct Target {
+        app: App,
         addr: SocketAddr,
     }
 
+    /// The app as a child process.
+    struct Demo {
+        process: DemoProcess,
+        target: Target,
+    }
+
     impl Demo {
-        async fn start(store: &str, lease: &str, extra: &[&str]) -> Demo {
-            let mut args = vec!["--store", store, "--lease", lease];
-            args.extend_from_slice(extra);
-            let process = DemoProcess::start(env!("CARGO_BIN_EXE_demo-server"), &args, &[]).await;
+        async fn start(app: App, db_url: &str, lease: &str) -> Demo {
+            let process = match app {
+                App::Demo(extra) => {
+                    let mut args = vec!["--store", db_url, "--lease", lease];
+                    args.extend_from_slice(extra);
+                    DemoProcess::start(env!("CARGO_BIN_EXE_demo-server"), &args, &[]).await
+                }
+                App::SqlxOrders => {
+                    DemoProcess::start(
+                        env!("CARGO_BIN_EXE_sqlx-orders"),
+                        &["--lease", lease],
+                        &[("DATABASE_URL", db_url)],
+                    )
+                    .await
+                }
+            };
             Demo {
-                addr: process.addr(),
+                target: Target {
+                    app,
+                    addr: process.addr(),
+                },
                 process,
             }
         }
@@ -66,17 +126,17 @@ mod postgres {
 
     async fn post_task(
         client: &HttpClient,
-        addr: SocketAddr,
+        target: Target,
         user: &str,
         key: &str,
     ) -> Result<StatusCode, String> {
         let request = Request::builder()
             .method(Method::POST)
-            .uri(format!("http://{addr}/tasks"))
+            .uri(format!("http://{}{}", target.addr, target.app.path()))
             .header("authorization", format!("Bearer {user}"))
             .header("content-type", "application/json")
             .header("idempotency-key", key)
-            .body(Full::new(Bytes::from(format!(r#"{{"title":"{key}"}}"#))))
+            .body(Full::new(Bytes::from(target.app.body(key))))
             .map_err(|e| e.to_string())?;
         let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
             .await
@@ -96,19 +156,19 @@ mod postgres {
 
     /// Runs `CLIENTS` clients creating tasks, kills the service under them, restarts it, retries
     /// every key to a 201, and returns (keys with two or more tasks, keys sent).
-    async fn crash_under_load(db: &Database, extra: &[&str]) -> (i64, usize) {
+    async fn crash_under_load(db: &Database, app: App) -> (i64, usize) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-        let demo = Demo::start(db.url(), CRASH_LEASE, extra).await;
+        let demo = Demo::start(app, db.url(), CRASH_LEASE).await;
         let sent: Sent = Arc::default();
         let mut clients = Vec::new();
         for _ in 0..CLIENTS {
-            let (client, sent, addr) = (client.clone(), sent.clone(), demo.addr);
+            let (client, sent, target) = (client.clone(), sent.clone(), demo.target);
             clients.push(tokio::spawn(async move {
                 let user = uuid::Uuid::new_v4().to_string();
                 loop {
                     let key = uuid::Uuid::new_v4().to_string();
                     sent.lock().unwrap().push((user.clone(), key.clone()));
-                    match post_task(&client, addr, &user, &key).await {
+                    match post_task(&client, target, &user, &key).await {
                         Ok(status) if status.is_success() => {}
                         Ok(status) => panic!("before the crash: unexpected {status}"),
                         // The service died under this request.
@@ -122,19 +182,19 @@ mod postgres {
         for c in clients {
             c.await.unwrap();
         }
-        let demo = Demo::start(db.url(), CRASH_LEASE, extra).await;
+        let demo = Demo::start(app, db.url(), CRASH_LEASE).await;
         let sent = sent.lock().unwrap().clone();
-        retry_all(&client, demo.addr, &sent).await;
+        retry_all(&client, demo.target, &sent).await;
         demo.kill().await;
-        (count_doubled(db, &sent).await, sent.len())
+        (count_doubled(db, app, &sent).await, sent.len())
     }
 
     /// Sends `key` until it is answered 2xx, like a client that retries 409 and 503 and lost
     /// connections, for up to 30 s.
-    async fn until_done(client: &HttpClient, addr: SocketAddr, user: &str, key: &str) {
+    async fn until_done(client: &HttpClient, target: Target, user: &str, key: &str) {
         let until = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            match post_task(client, addr, user, key).await {
+            match post_task(client, target, user, key).await {
                 Ok(status) if status.is_success() => return,
                 Ok(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE) | Err(_)
                     if tokio::time::Instant::now() < until =>
@@ -147,44 +207,44 @@ mod postgres {
     }
 
     /// Retries every sent key to completion, `CLIENTS` at a time.
-    async fn retry_all(client: &HttpClient, addr: SocketAddr, sent: &[(String, String)]) {
+    async fn retry_all(client: &HttpClient, target: Target, sent: &[(String, String)]) {
         use futures_util::StreamExt as _;
         let retries = sent
             .iter()
-            .map(|(user, key)| until_done(client, addr, user, key));
+            .map(|(user, key)| until_done(client, target, user, key));
         let mut retries = futures_util::stream::iter(retries).buffer_unordered(CLIENTS);
         while retries.next().await.is_some() {}
     }
 
-    /// Keys with two or more tasks; checks that every sent key has one.
-    async fn count_doubled(db: &Database, sent: &[(String, String)]) -> i64 {
+    /// Keys with two or more side effects; checks that every sent key has one.
+    async fn count_doubled(db: &Database, app: App, sent: &[(String, String)]) -> i64 {
         let keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
-        let (doubled, with_task) = tasks_per_key(db, &keys).await;
+        let (doubled, with_effect) = effects_per_key(db, app, &keys).await;
         assert_eq!(
-            with_task as usize,
+            with_effect as usize,
             sent.len(),
-            "every key sent must end with a task"
+            "every key sent must end with a side effect"
         );
         doubled
     }
 
     /// Runs `CLIENTS` clients (each retrying its key until done) while the key table refuses every
     /// `UPDATE` for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
-    async fn key_table_refuses_updates(db: &Database, lease: &str, extra: &[&str]) -> (i64, usize) {
+    async fn key_table_refuses_updates(db: &Database, app: App, lease: &str) -> (i64, usize) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-        let demo = Demo::start(db.url(), lease, extra).await;
+        let demo = Demo::start(app, db.url(), lease).await;
         let sent: Sent = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut clients = Vec::new();
         for _ in 0..CLIENTS {
-            let (client, sent, stop, addr) =
-                (client.clone(), sent.clone(), stop.clone(), demo.addr);
+            let (client, sent, stop, target) =
+                (client.clone(), sent.clone(), stop.clone(), demo.target);
             clients.push(tokio::spawn(async move {
                 let user = uuid::Uuid::new_v4().to_string();
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let key = uuid::Uuid::new_v4().to_string();
                     sent.lock().unwrap().push((user.clone(), key.clone()));
-                    until_done(&client, addr, &user, &key).await;
+                    until_done(&client, target, &user, &key).await;
                 }
             }));
         }
@@ -212,9 +272,9 @@ mod postgres {
             c.await.unwrap();
         }
         let sent = sent.lock().unwrap().clone();
-        retry_all(&client, demo.addr, &sent).await;
+        retry_all(&client, demo.target, &sent).await;
         demo.kill().await;
-        (count_doubled(db, &sent).await, sent.len())
+        (count_doubled(db, app, &sent).await, sent.len())
     }
 
     /// SIGKILL under 16 clients, restart, retry every key: with the task written in the key's
@@ -224,7 +284,7 @@ mod postgres {
         let db = Database::create("idem_once").await;
         let mut total = 0;
         for run in 1..=3 {
-            let (doubled, sent) = crash_under_load(&db, &[]).await;
+            let (doubled, sent) = crash_under_load(&db, App::Demo(&[])).await;
             eprintln!("transactional run {run}: {sent} keys, {doubled} with two tasks");
             assert_eq!(
                 doubled, 0,
@@ -247,7 +307,8 @@ mod postgres {
         let db = Database::create("idem_once").await;
         let mut found = 0;
         for run in 1..=10 {
-            let (doubled, sent) = crash_under_load(&db, &["--tasks-outside-transaction"]).await;
+            let (doubled, sent) =
+                crash_under_load(&db, App::Demo(&["--tasks-outside-transaction"])).await;
             eprintln!("non-transactional run {run}: {sent} keys, {doubled} with two tasks");
             found += doubled;
             if found > 0 {
@@ -266,7 +327,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_table_refusing_updates_never_creates_a_task_twice() {
         let db = Database::create("idem_once").await;
-        let (doubled, sent) = key_table_refuses_updates(&db, "10", &[]).await;
+        let (doubled, sent) = key_table_refuses_updates(&db, App::Demo(&[]), "10").await;
         eprintln!("transactional: {sent} keys, {doubled} with two tasks");
         assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
         db.drop().await;
@@ -279,9 +340,43 @@ mod postgres {
     async fn outside_the_transaction_a_failed_completion_keeps_the_key() {
         let db = Database::create("idem_once").await;
         let (doubled, sent) =
-            key_table_refuses_updates(&db, "10", &["--tasks-outside-transaction"]).await;
+            key_table_refuses_updates(&db, App::Demo(&["--tasks-outside-transaction"]), "10").await;
         eprintln!("non-transactional: {sent} keys, {doubled} with two tasks");
         assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
+        db.drop().await;
+    }
+
+    /// The crash test on the sqlx example app: SIGKILL under 16 clients, restart, retry every
+    /// key; with the order written in the request's `sqlx::Transaction`, no key gets two orders,
+    /// over three crashes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_under_load_never_creates_an_order_twice_on_sqlx() {
+        let db = Database::create("idem_sqlx_once").await;
+        let mut total = 0;
+        for run in 1..=3 {
+            let (doubled, sent) = crash_under_load(&db, App::SqlxOrders).await;
+            eprintln!("sqlx run {run}: {sent} keys, {doubled} with two orders");
+            assert_eq!(
+                doubled, 0,
+                "run {run}: {doubled} of {sent} keys got a second order"
+            );
+            total += sent;
+        }
+        assert!(
+            total > 3 * CLIENTS,
+            "the load must have been real: {total} keys"
+        );
+        db.drop().await;
+    }
+
+    /// The key table refuses every UPDATE for 3 s under 16 clients of the sqlx example: a
+    /// refused completion rolls the order back and the retry creates it once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_table_refusing_updates_never_creates_an_order_twice_on_sqlx() {
+        let db = Database::create("idem_sqlx_once").await;
+        let (doubled, sent) = key_table_refuses_updates(&db, App::SqlxOrders, "10").await;
+        eprintln!("sqlx: {sent} keys, {doubled} with two orders");
+        assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second order");
         db.drop().await;
     }
 }

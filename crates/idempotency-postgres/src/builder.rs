@@ -1,11 +1,11 @@
 //! Building a store: from a URL or an existing pool, with its table, mode and pool settings.
 
 use crate::error::PostgresStoreError;
-use crate::schema::{Statements, TableMode, TableName};
-use crate::state::StateWatch;
+use crate::schema::TableMode;
+use crate::session::{TokioSession, check_writer};
 use crate::store::{Inner, PostgresStore};
+use crate::table::TableSettings;
 use crate::tls::{self, Connector};
-use crate::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use std::fmt;
 use std::str::FromStr;
@@ -21,12 +21,9 @@ enum Source {
 /// Builds a [`PostgresStore`].
 pub struct PostgresStoreBuilder {
     source: Source,
-    schema: String,
-    table: String,
-    mode: TableMode,
+    table: TableSettings,
     pool_size: usize,
     connect_timeout: Duration,
-    purge_schedule: String,
     transactions: bool,
     prepared_statements: bool,
 }
@@ -34,9 +31,7 @@ pub struct PostgresStoreBuilder {
 impl fmt::Debug for PostgresStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStoreBuilder")
-            .field("schema", &self.schema)
             .field("table", &self.table)
-            .field("mode", &self.mode)
             .field("pool_size", &self.pool_size)
             .finish_non_exhaustive()
     }
@@ -46,12 +41,9 @@ impl PostgresStoreBuilder {
     fn new(source: Source) -> Self {
         PostgresStoreBuilder {
             source,
-            schema: "public".to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-            mode: TableMode::default(),
+            table: TableSettings::default(),
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
-            purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
             transactions: true,
             prepared_statements: true,
         }
@@ -78,19 +70,19 @@ impl PostgresStoreBuilder {
 
     /// The schema of the table (default `public`). Letters, digits and underscores.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
+        self.table.schema = schema.into();
         self
     }
 
     /// The table name (default `idempotency_keys`). Letters, digits and underscores.
     pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
+        self.table.table = table.into();
         self
     }
 
     /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
     pub fn table_mode(mut self, mode: TableMode) -> Self {
-        self.mode = mode;
+        self.table.mode = mode;
         self
     }
 
@@ -113,28 +105,21 @@ impl PostgresStoreBuilder {
     /// The pg_cron schedule [`PostgresStore::migrate`] gives the purge job (default hourly,
     /// `0 * * * *`).
     pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
-        self.purge_schedule = schedule.into();
+        self.table.purge_schedule = schedule.into();
         self
     }
 
     /// The SQL [`PostgresStore::migrate`] would apply, for teams that run their own migration
     /// tool. It does not connect.
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
-        let name = TableName::new(&self.schema, &self.table)?;
-        validate_schedule(&self.purge_schedule)?;
-        Ok(crate::migrate::render_all(
-            &name,
-            self.mode,
-            &self.purge_schedule,
-        ))
+        self.table.migration_sql()
     }
 
     /// Builds the pool (for a URL), checks that the server is a writer and, for
     /// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
     pub async fn build(self) -> Result<PostgresStore, PostgresStoreError> {
-        let name = TableName::new(&self.schema, &self.table)?;
-        validate_schedule(&self.purge_schedule)?;
-        let watch = Arc::new(StateWatch::new(&name));
+        let table = self.table.table()?;
+        let mode = table.mode;
         let mut url_prepared = true;
         let pool = match self.source {
             Source::Pool(pool) => pool,
@@ -145,7 +130,7 @@ impl PostgresStoreBuilder {
                     .map_err(PostgresStoreError::InvalidUrl)?;
                 config.ssl_mode(tls.tokio_postgres_mode());
                 config.connect_timeout(self.connect_timeout);
-                if self.mode == TableMode::LoggedAsyncCommit {
+                if mode == TableMode::LoggedAsyncCommit {
                     let options = match config.get_options() {
                         Some(existing) => format!("{existing} -c synchronous_commit=off"),
                         None => "-c synchronous_commit=off".to_owned(),
@@ -163,7 +148,7 @@ impl PostgresStoreBuilder {
                 // LIFO hands out the connection used last: at low concurrency every step
                 // reuses one warm connection (and one warm backend process) instead of
                 // rotating through the whole pool.
-                let hook_watch = Arc::clone(&watch);
+                let hook_watch = Arc::clone(&table.watch);
                 Pool::builder(manager)
                     .max_size(self.pool_size)
                     .queue_mode(QueueMode::Lifo)
@@ -173,7 +158,7 @@ impl PostgresStoreBuilder {
                         let watch = Arc::clone(&hook_watch);
                         Box::pin(async move {
                             // Before `migrate` the table does not exist yet: not a loss.
-                            if let Err(error) = watch.check(client).await {
+                            if let Err(error) = watch.check(&mut TokioSession(&**client)).await {
                                 tracing::debug!(error = %idempotency_core::ErrorChain(&error), "could not check the state sentinel");
                             }
                             Ok(())
@@ -187,33 +172,12 @@ impl PostgresStoreBuilder {
             }
         };
         let client = pool.get().await?;
-        let row = client
-            .query_typed_one(
-                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), \
-                        current_setting('synchronous_commit')",
-                &[],
-            )
-            .await?;
-        let in_recovery: bool = row.get(0);
-        let read_only: String = row.get(1);
-        let synchronous_commit: String = row.get(2);
-        if in_recovery || read_only == "on" {
-            return Err(PostgresStoreError::ReadOnlyServer);
-        }
-        if self.mode == TableMode::LoggedAsyncCommit && synchronous_commit != "off" {
-            return Err(PostgresStoreError::SynchronousCommitOn {
-                found: synchronous_commit,
-            });
-        }
+        check_writer(&mut TokioSession(&**client), mode).await?;
         drop(client);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
-                watch,
-                statements: Statements::new(&name),
-                name,
-                mode: self.mode,
+                table,
                 pool,
-                purge_schedule: self.purge_schedule,
                 transactions: self.transactions,
                 prepared: self.prepared_statements && url_prepared,
             }),
@@ -239,17 +203,4 @@ impl PostgresStore {
     pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, PostgresStoreError> {
         Self::builder(url).build().await
     }
-}
-
-/// A pg_cron schedule goes into a dollar-quoted block of the migration: refuse what could end it.
-fn validate_schedule(schedule: &str) -> Result<(), PostgresStoreError> {
-    if schedule.is_empty()
-        || schedule.contains(['$', ';'])
-        || schedule.chars().any(char::is_control)
-    {
-        return Err(PostgresStoreError::InvalidPurgeSchedule(
-            schedule.to_owned(),
-        ));
-    }
-    Ok(())
 }

@@ -39,6 +39,11 @@ pub enum PostgresStoreError {
     /// A statement failed.
     #[error("PostgreSQL statement failed")]
     Query(#[source] tokio_postgres::Error),
+    /// A statement failed, or no connection could be taken from the sqlx pool (the sqlx
+    /// flavour of the store).
+    #[cfg(feature = "sqlx")]
+    #[error("PostgreSQL statement failed (sqlx)")]
+    Sqlx(#[source] sqlx::Error),
     /// The server is a hot standby or read replica.
     #[error(
         "the PostgreSQL server is a read-only standby (in recovery) or in read-only mode; \
@@ -87,8 +92,23 @@ impl From<tokio_postgres::Error> for PostgresStoreError {
     }
 }
 
-/// Whether a statement error means "the server cannot answer now" (retryable) rather than "the
-/// statement or data is wrong".
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for PostgresStoreError {
+    fn from(e: sqlx::Error) -> Self {
+        PostgresStoreError::Sqlx(e)
+    }
+}
+
+/// Whether a SQLSTATE means "the server cannot answer now" (retryable) rather than "the
+/// statement or data is wrong": 08 connection exception, 53 insufficient resources, 57 operator
+/// intervention (shutdown, crash, cannot connect now), 40 transaction rollback (serialization,
+/// deadlock), 25006 read-only transaction (failover in progress).
+pub(crate) fn is_transient_sqlstate(code: &str) -> bool {
+    matches!(code.get(..2), Some("08" | "53" | "57" | "40"))
+        || code == SqlState::READ_ONLY_SQL_TRANSACTION.code()
+}
+
+/// Whether a statement error means "the server cannot answer now" (retryable).
 fn is_transient(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
@@ -96,14 +116,7 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         // No SQLSTATE: an I/O or protocol error on the connection.
         None => true,
-        Some(code) => {
-            let class = &code.code()[..2];
-            // 08: connection exception, 53: insufficient resources, 57: operator intervention
-            // (shutdown, crash, cannot connect now), 40: transaction rollback (serialization,
-            // deadlock), 25006: read-only transaction (failover in progress).
-            matches!(class, "08" | "53" | "57" | "40")
-                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
-        }
+        Some(code) => is_transient_sqlstate(code.code()),
     }
 }
 

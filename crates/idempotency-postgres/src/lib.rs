@@ -28,19 +28,32 @@
 //!   unlogged tables survive failover (AWS docs), so only the lease frees stale claims.
 
 //!
+//! # Two drivers
+//! [`PostgresStore`] runs on tokio-postgres and deadpool (its own pool, pipelined
+//! transactions). With the `sqlx` feature, `SqlxPostgresStore` runs on an application's
+//! existing `sqlx::PgPool`, and handlers write in a `sqlx::Transaction` (`SqlxTransaction`).
+//! Both send the same SQL text, apply the same migrations by the same code, refuse a standby and
+//! notice a lost table the same way; `docs/postgres.md` says how to choose.
+//!
 //! # Files
 //! `builder.rs` (pool, settings, writer check), `store.rs` (the six primitives),
 //! `transaction.rs` (a handler's writes and its response in one transaction), `migrate.rs` (the
-//! numbered migrations), `schema.rs` (names, modes, the SQL of every statement), `state.rs` (the
-//! sentinel that notices a table emptied by a crash), `error.rs`.
+//! numbered migrations and the policy that applies them), `schema.rs` (names, modes, the SQL of
+//! every statement), `table.rs` (what both drivers share: settings, statements, reading a
+//! record), `session.rs` (setup statements over either driver), `state.rs` (the sentinel that
+//! notices a table emptied by a crash), `error.rs`; `sqlx_store/` (the sqlx flavour).
 
 mod builder;
 mod error;
 mod migrate;
 mod schema;
+mod session;
+#[cfg(feature = "sqlx")]
+mod sqlx_store;
 mod state;
 mod status;
 mod store;
+mod table;
 mod tls;
 mod transaction;
 
@@ -53,6 +66,11 @@ pub use store::{PostgresStore, StatementsSql};
 pub use tls::{SslMode, connect_raw};
 pub use transaction::PgTransaction;
 pub use {deadpool_postgres, tokio_postgres};
+
+#[cfg(feature = "sqlx")]
+pub use sqlx;
+#[cfg(feature = "sqlx")]
+pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxTransaction};
 
 /// The default table name (the ADR's).
 pub const DEFAULT_TABLE: &str = "idempotency_keys";

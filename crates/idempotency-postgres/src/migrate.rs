@@ -3,7 +3,9 @@
 
 use crate::error::PostgresStoreError;
 use crate::schema::{self, TableMode, TableName};
+use crate::session::{SetupSession, TokioSession};
 use crate::store::PostgresStore;
+use crate::table::Table;
 use std::fmt;
 
 /// One numbered migration. Its SQL is a template with placeholders the library fills in for
@@ -196,124 +198,135 @@ impl PostgresStore {
     /// instances starting at once do not collide. Fails if the existing table's persistence
     /// differs from the configured mode.
     pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
-        let name = &self.inner.name;
         let mut client = self.inner.pool.get().await?;
         let tx = client.transaction().await?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext($1))",
-            &[&format!(
-                "idempotency-migrate:{}.{}",
-                name.schema, name.table
-            )],
+        let report = migrate_in(&mut TokioSession(&*tx), &self.inner.table).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+}
+
+/// The migration policy, the same for both drivers: run inside a transaction the caller opened
+/// on `session` and commits afterwards.
+pub(crate) async fn migrate_in(
+    session: &mut dyn SetupSession,
+    table: &Table,
+) -> Result<MigrationReport, PostgresStoreError> {
+    let name = &table.name;
+    let lock = format!("idempotency-migrate:{}.{}", name.schema, name.table);
+    session
+        .rows(
+            "SELECT ''::text FROM pg_advisory_xact_lock(hashtext($1))",
+            &[&lock],
         )
         .await?;
-        let schema_exists: bool = tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-                &[&name.schema],
-            )
-            .await?
-            .get(0);
-        if !schema_exists {
-            tx.batch_execute(&format!(
+    let schema_exists = session
+        .flag(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)::text",
+            &[&name.schema],
+        )
+        .await?;
+    if !schema_exists {
+        session
+            .batch(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {}",
                 name.quoted_schema()
             ))
             .await?;
-        }
-        let migrations = name.migrations_table();
-        let history: bool = tx
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&migrations])
+    }
+    let migrations = name.migrations_table();
+    let history = session
+        .flag("SELECT (to_regclass($1) IS NOT NULL)::text", &[&migrations])
+        .await?;
+    let applied_versions: Vec<i32> = if history {
+        session
+            .rows(&format!("SELECT version::text FROM {migrations}"), &[])
             .await?
-            .get(0);
-        let applied_versions: Vec<i32> = if history {
-            tx.query(&format!("SELECT version FROM {migrations}"), &[])
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let extensions: Vec<String> = tx
-            .query("SELECT extname::text FROM pg_extension", &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let installed = |extension: &str| extensions.iter().any(|e| e == extension);
-        let mut applied = Vec::new();
-        for migration in &MIGRATIONS {
-            let wanted = migration.only_with_extension.is_none_or(installed);
-            if wanted && !applied_versions.contains(&migration.version) {
-                // Each migration records itself (and 0001 plants the sentinel, so a fresh table
-                // is not reported as lost).
-                let sql = migration.render(name, self.inner.mode, &self.inner.purge_schedule);
-                tx.batch_execute(&sql).await?;
-                applied.push(migration.name);
-            }
+            .into_iter()
+            .filter_map(|row| row.into_iter().next().flatten()?.parse().ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let extensions: Vec<String> = session
+        .rows("SELECT extname::text FROM pg_extension", &[])
+        .await?
+        .into_iter()
+        .filter_map(|row| row.into_iter().next().flatten())
+        .collect();
+    let installed = |extension: &str| extensions.iter().any(|e| e == extension);
+    let mut applied = Vec::new();
+    for migration in &MIGRATIONS {
+        let wanted = migration.only_with_extension.is_none_or(installed);
+        if wanted && !applied_versions.contains(&migration.version) {
+            // Each migration records itself (and 0001 plants the sentinel, so a fresh table
+            // is not reported as lost).
+            let sql = migration.render(name, table.mode, &table.purge_schedule);
+            session.batch(&sql).await?;
+            applied.push(migration.name);
         }
-        let found: i8 = tx
-            .query_one(
-                "SELECT c.relpersistence::\"char\" FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2",
-                &[&name.schema, &name.table],
+    }
+    let found = session
+        .first(
+            "SELECT c.relpersistence::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&name.schema, &name.table],
+        )
+        .await?;
+    let found = if found.as_deref() == Some("u") {
+        "UNLOGGED"
+    } else {
+        "LOGGED"
+    };
+    if found != table.mode.persistence_name() {
+        return Err(PostgresStoreError::TableModeMismatch {
+            table: name.qualified(),
+            expected: table.mode.persistence_name(),
+            found,
+        });
+    }
+    let purge_job = if installed("pg_cron") {
+        // The job as cron.job has it: someone may have unscheduled it, or the configured
+        // schedule may have changed since it was scheduled. Put it (back) as configured.
+        let job_name = name.purge_job_name();
+        let current = session
+            .first(
+                "SELECT schedule::text FROM cron.job WHERE jobname = $1",
+                &[&job_name],
             )
-            .await?
-            .get(0);
-        let found = if found as u8 == b'u' {
-            "UNLOGGED"
-        } else {
-            "LOGGED"
-        };
-        if found != self.inner.mode.persistence_name() {
-            return Err(PostgresStoreError::TableModeMismatch {
-                table: name.qualified(),
-                expected: self.inner.mode.persistence_name(),
-                found,
-            });
-        }
-        let purge_job = if installed("pg_cron") {
-            // The job as cron.job has it: someone may have unscheduled it, or the configured
-            // schedule may have changed since it was scheduled. Put it (back) as configured.
-            let job_name = name.purge_job_name();
-            let current: Option<String> = tx
-                .query_opt(
-                    "SELECT schedule FROM cron.job WHERE jobname = $1",
-                    &[&job_name],
-                )
-                .await?
-                .map(|row| row.get(0));
-            if current.as_deref() != Some(self.inner.purge_schedule.as_str()) {
-                tx.execute(
-                    "SELECT cron.schedule($1, $2, $3)",
-                    &[&job_name, &self.inner.purge_schedule, &name.purge_all_sql()],
+            .await?;
+        if current.as_deref() != Some(table.purge_schedule.as_str()) {
+            session
+                .rows(
+                    "SELECT cron.schedule($1, $2, $3)::text",
+                    &[&job_name, &table.purge_schedule, &name.purge_all_sql()],
                 )
                 .await?;
-                tracing::info!(
-                    job = %job_name,
-                    from = ?current,
-                    to = %self.inner.purge_schedule,
-                    "scheduled the pg_cron purge job as configured"
-                );
-                applied.push("pg_cron purge schedule");
-            }
-            PurgeJob::Scheduled {
-                job_name: name.purge_job_name(),
-                schedule: self.inner.purge_schedule.clone(),
-            }
-        } else {
-            let database: String = tx.query_one("SELECT current_database()", &[]).await?.get(0);
-            tracing::warn!(
-                %database,
-                "pg_cron is not installed: no purge job scheduled; call purge_expired periodically"
+            tracing::info!(
+                job = %job_name,
+                from = ?current,
+                to = %table.purge_schedule,
+                "scheduled the pg_cron purge job as configured"
             );
-            PurgeJob::PgCronUnavailable { database }
-        };
-        tx.commit().await?;
-        Ok(MigrationReport { applied, purge_job })
-    }
+            applied.push("pg_cron purge schedule");
+        }
+        PurgeJob::Scheduled {
+            job_name,
+            schedule: table.purge_schedule.clone(),
+        }
+    } else {
+        let database = session
+            .first("SELECT current_database()::text", &[])
+            .await?
+            .unwrap_or_default();
+        tracing::warn!(
+            %database,
+            "pg_cron is not installed: no purge job scheduled; call purge_expired periodically"
+        );
+        PurgeJob::PgCronUnavailable { database }
+    };
+    Ok(MigrationReport { applied, purge_job })
 }
 
 #[cfg(test)]

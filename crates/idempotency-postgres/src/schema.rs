@@ -149,7 +149,7 @@ pub(crate) fn sentinel_sql(name: &TableName) -> String {
     format!(
         "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
          VALUES (E'\\x01idempotency-state', 'sentinel', '\\x00'::bytea, 0, '\\x'::bytea, 'infinity') \
-         ON CONFLICT (user_id, key) DO NOTHING RETURNING 1",
+         ON CONFLICT (user_id, key) DO NOTHING RETURNING 'lost'::text",
         name.qualified()
     )
 }
@@ -287,6 +287,18 @@ const RECORD_COLUMNS: &str = "request_hash, lease_token IS NOT NULL, \
      response";
 
 impl Statements {
+    /// The text of the six store steps, for callers.
+    pub(crate) fn sql(&self) -> crate::StatementsSql<'_> {
+        crate::StatementsSql {
+            claim: &self.claim.text,
+            complete: &self.complete.text,
+            extend: &self.extend.text,
+            release: &self.release.text,
+            get: &self.get.text,
+            purge: &self.purge.text,
+        }
+    }
+
     pub(crate) fn new(name: &TableName) -> Self {
         let t = name.qualified();
         Statements {

@@ -1,11 +1,13 @@
 //! Noticing that the table lost its rows.
 
-use crate::error::BACKEND;
+use crate::error::{BACKEND, PostgresStoreError};
 use crate::schema::{TableName, sentinel_sql};
+use crate::session::SetupSession;
 use idempotency_core::StateLoss;
 
 /// A sentinel row that never expires is re-inserted when missing; each re-insertion is one loss
 /// (crash recovery of an UNLOGGED table, a failover, a `TRUNCATE`).
+#[derive(Debug)]
 pub(crate) struct StateWatch {
     sentinel: String,
     table: String,
@@ -24,9 +26,9 @@ impl StateWatch {
     /// Re-inserts the sentinel if missing; reports whether it was.
     pub(crate) async fn check(
         &self,
-        client: &tokio_postgres::Client,
-    ) -> Result<bool, tokio_postgres::Error> {
-        let lost = !client.query_typed(&self.sentinel, &[]).await?.is_empty();
+        session: &mut dyn SetupSession,
+    ) -> Result<bool, PostgresStoreError> {
+        let lost = !session.rows(&self.sentinel, &[]).await?.is_empty();
         if lost {
             self.losses.found(
                 BACKEND,

@@ -135,7 +135,7 @@ impl PostgresStore {
     /// Reads the state of the table, its migrations and its pg_cron purge job (from `cron.job`,
     /// so a job someone unscheduled or changed shows). Reads only.
     pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
-        let name = &self.inner.name;
+        let name = &self.inner.table.name;
         let client = self.inner.pool.get().await?;
         let row = client
             .query_typed_one(
@@ -204,11 +204,11 @@ impl PostgresStore {
             database: row.get(1),
             table: name.qualified(),
             persistence,
-            expected_persistence: self.inner.mode.persistence_name(),
+            expected_persistence: self.inner.table.mode.persistence_name(),
             applied,
             pending,
             purge,
-            expected_schedule: self.inner.purge_schedule.clone(),
+            expected_schedule: self.inner.table.purge_schedule.clone(),
         })
     }
 }
@@ -230,7 +230,7 @@ impl PostgresStore {
                     "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
                             (extract(epoch FROM expires_at - now()) * 1000)::bigint \
                      FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
-                    self.inner.name.qualified()
+                    self.inner.table.name.qualified()
                 ),
                 &[(&scope.as_str(), Type::TEXT), (&key.as_str(), Type::TEXT)],
             )

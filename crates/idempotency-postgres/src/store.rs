@@ -1,14 +1,14 @@
 //! The store: its shared state, its accessors, and the six primitives.
 
 use crate::error::{BACKEND, pool_error, query_error};
-use crate::schema::{Sql, Statements, TableMode, TableName};
-use crate::state::StateWatch;
+use crate::schema::{Sql, TableMode};
+use crate::session::TokioSession;
+use crate::table::{RecordColumns, Table, corrupt_field};
 use async_trait::async_trait;
-use bytes::Bytes;
 use deadpool_postgres::Pool;
 use idempotency_core::{
-    ClaimOutcome, CorruptRecord, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
-    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse, TransactionalStore,
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    Scope, StoreError, StoredResponse, TransactionalStore,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -17,12 +17,8 @@ use tokio_postgres::Row;
 
 /// What every clone of a store shares.
 pub(crate) struct Inner {
-    pub(crate) watch: Arc<StateWatch>,
+    pub(crate) table: Table,
     pub(crate) pool: Pool,
-    pub(crate) name: TableName,
-    pub(crate) mode: TableMode,
-    pub(crate) statements: Statements,
-    pub(crate) purge_schedule: String,
     pub(crate) transactions: bool,
     /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
     pub(crate) prepared: bool,
@@ -37,8 +33,8 @@ pub struct PostgresStore {
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("table", &self.inner.name.qualified())
-            .field("mode", &self.inner.mode)
+            .field("table", &self.inner.table.name.qualified())
+            .field("mode", &self.inner.table.mode)
             .finish_non_exhaustive()
     }
 }
@@ -71,21 +67,13 @@ impl PostgresStore {
 
     /// The table mode.
     pub fn table_mode(&self) -> TableMode {
-        self.inner.mode
+        self.inner.table.mode
     }
 
     /// The SQL of each store step, as rendered for this table (for `EXPLAIN`, for DBAs, and for
     /// the benchmark that runs the same statements without the library).
     pub fn statements(&self) -> StatementsSql<'_> {
-        let s = &self.inner.statements;
-        StatementsSql {
-            claim: &s.claim.text,
-            complete: &s.complete.text,
-            extend: &s.extend.text,
-            release: &s.release.text,
-            get: &s.get.text,
-            purge: &s.purge.text,
-        }
+        self.inner.table.statements.sql()
     }
 
     /// Checks that the table still holds what it held: returns `true` (and logs an error and
@@ -95,22 +83,27 @@ impl PostgresStore {
     /// in with [`PostgresStore::builder_from_pool`].
     pub async fn check_state(&self) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        self.inner.watch.check(&client).await.map_err(query_error)
+        self.inner
+            .table
+            .watch
+            .check(&mut TokioSession(&**client))
+            .await
+            .map_err(|e| StoreError::from_failure(BACKEND, true, e))
     }
 
     /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).
     pub fn state_losses(&self) -> u64 {
-        self.inner.watch.losses.count()
+        self.inner.table.watch.losses.count()
     }
 
     /// The schema of the table.
     pub fn schema(&self) -> &str {
-        &self.inner.name.schema
+        &self.inner.table.name.schema
     }
 
     /// The quoted, schema-qualified table name.
     pub fn table_name(&self) -> String {
-        self.inner.name.qualified()
+        self.inner.table.name.qualified()
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
@@ -133,29 +126,21 @@ impl PostgresStore {
 }
 
 fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
-    let corrupt = |what| StoreError::corrupt(BACKEND, CorruptRecord::Field(what));
-    let hash: &[u8] = row.try_get(offset).map_err(|_| corrupt("request_hash"))?;
-    let fingerprint = Fingerprint::from_bytes(hash).map_err(|e| StoreError::corrupt(BACKEND, e))?;
-    let in_flight: bool = row
-        .try_get(offset + 1)
-        .map_err(|_| corrupt("lease_token"))?;
-    let remaining_ms: i64 = row
-        .try_get(offset + 2)
-        .map_err(|_| corrupt("locked_until"))?;
-    let remaining = Duration::from_millis(remaining_ms.max(0) as u64);
-    let response: Option<Vec<u8>> = row.try_get(offset + 3).map_err(|_| corrupt("response"))?;
-    let state = match (in_flight, response) {
-        (true, None) => RecordState::InFlight {
-            lease_remaining: remaining,
-        },
-        (false, Some(bytes)) => RecordState::Completed {
-            response: StoredResponse::decode(Bytes::from(bytes))
-                .map_err(|e| StoreError::corrupt(BACKEND, e))?,
-            retention_remaining: remaining,
-        },
-        _ => return Err(corrupt("a row must be either in flight or completed")),
-    };
-    Ok(Record { fingerprint, state })
+    RecordColumns {
+        request_hash: row
+            .try_get(offset)
+            .map_err(|_| corrupt_field("request_hash"))?,
+        in_flight: row
+            .try_get(offset + 1)
+            .map_err(|_| corrupt_field("lease_token"))?,
+        remaining_ms: row
+            .try_get(offset + 2)
+            .map_err(|_| corrupt_field("locked_until"))?,
+        response: row
+            .try_get(offset + 3)
+            .map_err(|_| corrupt_field("response"))?,
+    }
+    .into_record()
 }
 
 #[async_trait]
@@ -181,6 +166,7 @@ impl IdempotencyStore for PostgresStore {
         for _ in 0..8 {
             let rows = self
                 .inner
+                .table
                 .statements
                 .claim
                 .query(
@@ -221,7 +207,7 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<FenceOutcome, StoreError> {
         let encoded = response.encode();
         let status = i32::from(response.status().as_u16());
-        let statement = &self.inner.statements.complete;
+        let statement = &self.inner.table.statements.complete;
         self.fenced(
             statement,
             &[
@@ -243,7 +229,7 @@ impl IdempotencyStore for PostgresStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let statement = &self.inner.statements.extend;
+        let statement = &self.inner.table.statements.extend;
         self.fenced(
             statement,
             &[
@@ -262,7 +248,7 @@ impl IdempotencyStore for PostgresStore {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
-        let statement = &self.inner.statements.release;
+        let statement = &self.inner.table.statements.release;
         self.fenced(
             statement,
             &[&scope.as_str(), &key.as_str(), &token.as_uuid()],
@@ -274,6 +260,7 @@ impl IdempotencyStore for PostgresStore {
         let client = self.client().await?;
         let rows = self
             .inner
+            .table
             .statements
             .get
             .query(
@@ -290,6 +277,7 @@ impl IdempotencyStore for PostgresStore {
         let client = self.client().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.inner
+            .table
             .statements
             .purge
             .execute(&client, &[&limit], self.inner.prepared)

@@ -55,7 +55,7 @@ pub struct PgTransaction {
 impl fmt::Debug for PgTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgTransaction")
-            .field("table", &self.store.name.qualified())
+            .field("table", &self.store.table.name.qualified())
             .field("open", &self.client.is_some())
             .finish_non_exhaustive()
     }
@@ -102,6 +102,7 @@ impl PgTransaction {
     async fn refusal_cause(&self) -> Result<CommitOutcome, StoreError> {
         let rows = self
             .store
+            .table
             .statements
             .tx_diagnose
             .query(
@@ -155,6 +156,7 @@ impl StoreTransaction for PgTransaction {
         // Ready (prepared) before the pipeline: the completion must go out before the COMMIT.
         let complete = self
             .store
+            .table
             .statements
             .tx_complete
             .ready(client, self.store.prepared)
@@ -223,6 +225,7 @@ impl TransactionalStore for PostgresStore {
         // Ready (prepared) before the pipeline, which must send BEGIN first.
         let check = self
             .inner
+            .table
             .statements
             .tx_check
             .ready(&client, self.inner.prepared)

@@ -1,6 +1,6 @@
-//! The conformance suite against the real PostgreSQL server, in each table mode. Every case
-//! gets its own schema, dropped afterwards, so cases run in parallel. UNLOGGED runs once more
-//! through the local replay tier.
+//! The conformance suite against the real PostgreSQL server, in each table mode, on both drivers
+//! (tokio-postgres, and sqlx with the `sqlx` feature). Every case gets its own schema, dropped
+//! afterwards, so cases run in parallel. UNLOGGED runs once more through the local replay tier.
 
 mod postgres {
     use idempotency_postgres::{PostgresStore, TableMode};
@@ -51,6 +51,61 @@ mod postgres {
         }
 
         idempotency_conformance::conformance_suite!(tiered(), drop_tiered);
+    }
+
+    mod logged_async_commit {
+        use super::*;
+        idempotency_conformance::conformance_suite!(
+            store(TableMode::LoggedAsyncCommit),
+            drop_schema
+        );
+    }
+}
+
+/// The sqlx flavour, on a `sqlx::PgPool` as an application would build it, migrated by itself.
+#[cfg(feature = "sqlx")]
+mod sqlx {
+    use idempotency_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use idempotency_postgres::{SqlxPostgresStore, TableMode};
+    use idempotency_testkit::TestSchema;
+    use idempotency_testkit::env::server_unreachable;
+    use std::sync::Arc;
+
+    async fn store(mode: TableMode) -> SqlxPostgresStore {
+        let schema = TestSchema::new("idem_sqlx");
+        let url = schema.url();
+        let mut options: PgConnectOptions = url.parse().expect("a valid URL");
+        if mode == TableMode::LoggedAsyncCommit {
+            options = options.options([("synchronous_commit", "off")]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+        let store = SqlxPostgresStore::builder(pool)
+            .schema(schema.name())
+            .table_mode(mode)
+            .build()
+            .await
+            .expect("build the sqlx store");
+        store.migrate().await.expect("migrate a fresh schema");
+        store
+    }
+
+    async fn drop_schema(store: Arc<SqlxPostgresStore>) {
+        store.pool().close().await;
+        idempotency_testkit::drop_test_schema(store.schema()).await;
+    }
+
+    mod unlogged {
+        use super::*;
+        idempotency_conformance::conformance_suite!(store(TableMode::Unlogged), drop_schema);
+    }
+
+    mod logged {
+        use super::*;
+        idempotency_conformance::conformance_suite!(store(TableMode::Logged), drop_schema);
     }
 
     mod logged_async_commit {

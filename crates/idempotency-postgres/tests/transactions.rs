@@ -1,6 +1,8 @@
-//! Transactional completion against the real server, in every table mode: the handler's writes
-//! and the stored response commit together or not at all, whatever happens before the commit.
-//! Each test gets its own schema with a `side_effects` table standing in for business data.
+//! Transactional completion against the real server, in every table mode and on both drivers
+//! (tokio-postgres's `PgTransaction`, sqlx's `SqlxTransaction`): the handler's writes and the
+//! stored response commit together or not at all, whatever happens before the commit. Each test
+//! gets its own schema with a `side_effects` table standing in for business data; each case is
+//! written once, generic over the driver.
 
 mod postgres {
     use bytes::Bytes;
@@ -8,7 +10,7 @@ mod postgres {
     use idempotency_core::{
         Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
         IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope,
-        StoredResponse, TransactionError,
+        StoreTransaction, StoredResponse, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
@@ -21,81 +23,77 @@ mod postgres {
         TableMode::LoggedAsyncCommit,
     ];
 
-    struct Fixture {
-        store: PostgresStore,
-        schema: String,
+    /// What the cases need of a driver: its store, and a handler's statements in its transaction.
+    #[async_trait::async_trait]
+    trait Driver: IdempotencyStore + Clone + Sized + 'static {
+        /// The driver's transaction type.
+        type Tx: StoreTransaction;
+        /// A store on `schema`.
+        async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self;
+        /// The store's own migration.
+        async fn migrate_table(&self);
+        /// Runs `sql` (`$1` = `key`) in the request's transaction.
+        async fn write(slot: &TransactionSlot, sql: &str, key: &str);
+        /// Runs `sql` (no parameters, maybe several statements) in the request's transaction.
+        async fn raw(slot: &TransactionSlot, sql: &str);
+        /// Whether a connection of the store's pool is inside a transaction.
+        async fn pool_has_open_transaction(&self) -> bool;
+        /// Runs `sql` on a connection of the store's pool.
+        async fn sql(&self, sql: &str);
+        /// The first column of the first row of `sql` (`$1` = `key`), a count.
+        async fn count(&self, sql: &str, key: &str) -> i64;
     }
 
-    impl Fixture {
-        async fn new(mode: TableMode) -> Fixture {
-            let test_schema = TestSchema::new("idem_tx");
-            let (url, schema) = (test_schema.url(), test_schema.name().to_owned());
-            let store = PostgresStore::builder(url)
-                .schema(&schema)
+    /// The probe of `pool_has_open_transaction`: over the simple protocol, a statement outside a
+    /// transaction starts its own, so its start and the transaction's are the same instant;
+    /// inside an older transaction they differ.
+    const IN_TRANSACTION: &str = "SELECT now() <> statement_timestamp()";
+
+    #[async_trait::async_trait]
+    impl Driver for PostgresStore {
+        type Tx = PgTransaction;
+
+        async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self {
+            PostgresStore::builder(url)
+                .schema(schema)
                 .table_mode(mode)
                 .pool_size(4)
+                .transactions(transactions)
                 .build()
                 .await
-                .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-            store.migrate().await.expect("migrate a fresh schema");
-            let client = store.pool().get().await.expect("connection");
-            client
-                .batch_execute(&format!(
-                    "CREATE TABLE \"{schema}\".side_effects (key text NOT NULL)"
-                ))
+                .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e))
+        }
+
+        async fn migrate_table(&self) {
+            self.migrate().await.expect("migrate a fresh schema");
+        }
+
+        async fn write(slot: &TransactionSlot, sql: &str, key: &str) {
+            let tx = slot
+                .open::<PgTransaction>()
                 .await
-                .expect("create the side-effect table");
-            Fixture { store, schema }
-        }
-
-        fn engine(&self, config: EngineConfig) -> Engine<PostgresStore> {
-            Engine::new(self.store.clone(), config)
-        }
-
-        /// How many side effects `key` has.
-        async fn side_effects(&self, key: &IdempotencyKey) -> i64 {
-            let client = self.store.pool().get().await.expect("connection");
-            client
-                .query_one(
-                    &format!(
-                        "SELECT count(*) FROM \"{}\".side_effects WHERE key = $1",
-                        self.schema
-                    ),
-                    &[&key.as_str()],
-                )
+                .expect("open the transaction");
+            tx.execute(sql, &[&key])
                 .await
-                .expect("count side effects")
-                .get(0)
+                .expect("write in the transaction");
         }
 
-        /// Runs SQL on a pooled connection.
-        async fn sql(&self, sql: &str) {
-            let client = self.store.pool().get().await.expect("connection");
-            client
-                .batch_execute(&sql.replace("{schema}", &self.schema))
+        async fn raw(slot: &TransactionSlot, sql: &str) {
+            let tx = slot
+                .open::<PgTransaction>()
                 .await
-                .expect("run SQL");
-        }
-
-        /// Every pooled connection is outside any transaction (none went back to the pool open).
-        async fn assert_pool_clean(&self) {
-            assert!(
-                !self.pool_has_open_transaction().await,
-                "a connection went back to the pool inside a transaction"
-            );
+                .expect("open the transaction");
+            tx.batch_execute(sql).await.expect("run in the transaction");
         }
 
         async fn pool_has_open_transaction(&self) -> bool {
             let mut clients = Vec::new();
             for _ in 0..4 {
-                clients.push(self.store.pool().get().await.expect("connection"));
+                clients.push(self.pool().get().await.expect("connection"));
             }
             for client in &clients {
-                // Over the simple protocol, a statement outside a transaction starts its own, so
-                // its start and the transaction's are the same instant; inside an older
-                // transaction they differ.
                 let rows = client
-                    .simple_query("SELECT now() <> statement_timestamp()")
+                    .simple_query(IN_TRANSACTION)
                     .await
                     .expect("probe the connection");
                 let in_transaction = rows.iter().any(|m| match m {
@@ -107,6 +105,152 @@ mod postgres {
                 }
             }
             false
+        }
+
+        async fn sql(&self, sql: &str) {
+            let client = self.pool().get().await.expect("connection");
+            client.batch_execute(sql).await.expect("run SQL");
+        }
+
+        async fn count(&self, sql: &str, key: &str) -> i64 {
+            let client = self.pool().get().await.expect("connection");
+            client.query_one(sql, &[&key]).await.expect("count").get(0)
+        }
+    }
+
+    #[cfg(feature = "sqlx")]
+    #[async_trait::async_trait]
+    impl Driver for idempotency_postgres::SqlxPostgresStore {
+        type Tx = idempotency_postgres::SqlxTransaction;
+
+        async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self {
+            use idempotency_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+            let mut options: PgConnectOptions = url.parse().expect("a valid URL");
+            if mode == TableMode::LoggedAsyncCommit {
+                options = options.options([("synchronous_commit", "off")]);
+            }
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await
+                .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+            idempotency_postgres::SqlxPostgresStore::builder(pool)
+                .schema(schema)
+                .table_mode(mode)
+                .transactions(transactions)
+                .build()
+                .await
+                .expect("build the sqlx store")
+        }
+
+        async fn migrate_table(&self) {
+            self.migrate().await.expect("migrate a fresh schema");
+        }
+
+        async fn write(slot: &TransactionSlot, sql: &str, key: &str) {
+            let mut tx = slot
+                .open::<idempotency_postgres::SqlxTransaction>()
+                .await
+                .expect("open the transaction");
+            idempotency_postgres::sqlx::query(sql)
+                .bind(key)
+                .execute(&mut **tx)
+                .await
+                .expect("write in the transaction");
+        }
+
+        async fn raw(slot: &TransactionSlot, sql: &str) {
+            let mut tx = slot
+                .open::<idempotency_postgres::SqlxTransaction>()
+                .await
+                .expect("open the transaction");
+            // `Executor::execute` on the connection: `raw_sql(..).execute(conn)` inside an
+            // async-trait future trips sqlx's higher-ranked `Executor` bound.
+            use idempotency_postgres::sqlx::Executor;
+            let connection: &mut idempotency_postgres::sqlx::PgConnection = &mut tx;
+            connection
+                .execute(idempotency_postgres::sqlx::raw_sql(sql))
+                .await
+                .expect("run in the transaction");
+        }
+
+        async fn pool_has_open_transaction(&self) -> bool {
+            let mut connections = Vec::new();
+            for _ in 0..4 {
+                connections.push(self.pool().acquire().await.expect("connection"));
+            }
+            for connection in &mut connections {
+                use idempotency_postgres::sqlx::{Executor, Row};
+                let connection: &mut idempotency_postgres::sqlx::PgConnection = connection;
+                let row = connection
+                    .fetch_one(idempotency_postgres::sqlx::raw_sql(IN_TRANSACTION))
+                    .await
+                    .expect("probe the connection");
+                let in_transaction: bool = row.try_get(0).expect("a boolean");
+                if in_transaction {
+                    return true;
+                }
+            }
+            false
+        }
+
+        async fn sql(&self, sql: &str) {
+            idempotency_postgres::sqlx::raw_sql(sql)
+                .execute(self.pool())
+                .await
+                .expect("run SQL");
+        }
+
+        async fn count(&self, sql: &str, key: &str) -> i64 {
+            idempotency_postgres::sqlx::query_scalar(sql)
+                .bind(key)
+                .fetch_one(self.pool())
+                .await
+                .expect("count")
+        }
+    }
+
+    struct Fixture<S> {
+        store: S,
+        schema: String,
+    }
+
+    impl<S: Driver> Fixture<S> {
+        async fn new(mode: TableMode) -> Fixture<S> {
+            let test_schema = TestSchema::new("idem_tx");
+            let (url, schema) = (test_schema.url(), test_schema.name().to_owned());
+            let store = S::build(url, &schema, mode, true).await;
+            store.migrate_table().await;
+            let f = Fixture { store, schema };
+            f.sql("CREATE TABLE \"{schema}\".side_effects (key text NOT NULL)")
+                .await;
+            f
+        }
+
+        fn engine(&self, config: EngineConfig) -> Engine<S> {
+            Engine::new(self.store.clone(), config)
+        }
+
+        /// How many side effects `key` has.
+        async fn side_effects(&self, key: &IdempotencyKey) -> i64 {
+            let sql = format!(
+                "SELECT count(*) FROM \"{}\".side_effects WHERE key = $1",
+                self.schema
+            );
+            self.store.count(&sql, key.as_str()).await
+        }
+
+        /// Runs SQL on a pooled connection; `{schema}` is the test's schema.
+        async fn sql(&self, sql: &str) {
+            self.store.sql(&sql.replace("{schema}", &self.schema)).await;
+        }
+
+        /// Every pooled connection is outside any transaction (none went back to the pool open).
+        async fn assert_pool_clean(&self) {
+            assert!(
+                !self.store.pool_has_open_transaction().await,
+                "a connection went back to the pool inside a transaction"
+            );
         }
 
         async fn drop(self) {
@@ -138,11 +282,11 @@ mod postgres {
         )
     }
 
-    async fn proceed(
-        engine: &Engine<PostgresStore>,
+    async fn proceed<S: Driver>(
+        engine: &Engine<S>,
         scope: &Scope,
         key: &IdempotencyKey,
-    ) -> Guard<PostgresStore> {
+    ) -> Guard<S> {
         match engine
             .begin(scope.clone(), key.clone(), fp())
             .await
@@ -154,7 +298,7 @@ mod postgres {
     }
 
     /// The key is released within 5 s (in the background): a new request proceeds.
-    async fn assert_released(engine: &Engine<PostgresStore>, s: &Scope, k: &IdempotencyKey) {
+    async fn assert_released<S: Driver>(engine: &Engine<S>, s: &Scope, k: &IdempotencyKey) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             match engine
@@ -172,38 +316,33 @@ mod postgres {
     }
 
     /// The handler's side effect, written in the request's transaction.
-    async fn write_side_effect(guard: &Guard<PostgresStore>, schema: &str) {
+    async fn write_side_effect<S: Driver>(guard: &Guard<S>, schema: &str) {
         let slot = guard
             .transaction()
             .expect("the PostgreSQL store offers a transaction");
-        let tx = slot
-            .open::<PgTransaction>()
-            .await
-            .expect("open the transaction");
-        tx.execute(
+        S::write(
+            slot,
             &format!("INSERT INTO \"{schema}\".side_effects (key) VALUES ($1)"),
-            &[&guard.lease().key().as_str()],
+            guard.lease().key().as_str(),
         )
-        .await
-        .expect("write the side effect");
+        .await;
     }
 
-    /// The pool probe the other tests rely on sees a connection left inside a transaction.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_pool_probe_sees_a_connection_left_in_a_transaction() {
-        let f = Fixture::new(TableMode::Unlogged).await;
-        assert!(!f.pool_has_open_transaction().await);
+    /// The pool probe the other cases rely on sees a connection left inside a transaction.
+    async fn the_pool_probe_sees_a_connection_left_in_a_transaction<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
+        assert!(!f.store.pool_has_open_transaction().await);
+        // A connection of the pool, left inside a transaction.
         f.sql("BEGIN").await;
         tokio::time::sleep(Duration::from_millis(5)).await;
-        assert!(f.pool_has_open_transaction().await);
+        assert!(f.store.pool_has_open_transaction().await);
         f.sql("ROLLBACK").await;
         f.drop().await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_commit_keeps_the_side_effect_and_the_response_together() {
+    async fn a_commit_keeps_the_side_effect_and_the_response_together<S: Driver>() {
         for mode in MODES {
-            let f = Fixture::new(mode).await;
+            let f = Fixture::<S>::new(mode).await;
             let engine = f.engine(EngineConfig::default());
             let (s, k) = (scope(), key());
             let guard = proceed(&engine, &s, &k).await;
@@ -227,10 +366,9 @@ mod postgres {
 
     /// The lease runs out during the handler and another request takes the key over: the commit is
     /// refused, and the first handler's write is rolled back.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lease_taken_over_before_the_commit_rolls_the_writes_back() {
+    async fn a_lease_taken_over_before_the_commit_rolls_the_writes_back<S: Driver>() {
         for mode in MODES {
-            let f = Fixture::new(mode).await;
+            let f = Fixture::<S>::new(mode).await;
             let short = f.engine(
                 EngineConfig::default()
                     .with_lease(Duration::from_millis(300))
@@ -264,9 +402,8 @@ mod postgres {
     }
 
     /// A status the policy does not store rolls the writes back and frees the key.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_status_not_stored_rolls_back_and_releases() {
-        let f = Fixture::new(TableMode::Unlogged).await;
+    async fn a_status_not_stored_rolls_back_and_releases<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let engine = f.engine(EngineConfig::default());
         let (s, k) = (scope(), key());
         let guard = proceed(&engine, &s, &k).await;
@@ -281,9 +418,8 @@ mod postgres {
 
     /// A guard dropped mid-request (a panic) rolls its transaction back and frees the key; the
     /// connection does not go back to the pool inside the transaction.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dropped_guard_rolls_back_and_releases() {
-        let f = Fixture::new(TableMode::Unlogged).await;
+    async fn a_dropped_guard_rolls_back_and_releases<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let engine = f.engine(EngineConfig::default());
         let (s, k) = (scope(), key());
         let guard = proceed(&engine, &s, &k).await;
@@ -297,9 +433,8 @@ mod postgres {
 
     /// The store refuses the completion (a trigger on the key table): the commit fails, none of the
     /// writes exist, and the key is released so the retry runs.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_store_error_at_commit_rolls_back_and_releases() {
-        let f = Fixture::new(TableMode::Unlogged).await;
+    async fn a_store_error_at_commit_rolls_back_and_releases<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let engine = f.engine(EngineConfig::default());
         let (s, k) = (scope(), key());
         let guard = proceed(&engine, &s, &k).await;
@@ -323,21 +458,14 @@ mod postgres {
 
     /// A handler that ends the transaction itself is caught: nothing is stored, the key stays
     /// claimed (its writes may or may not exist), and the misuse is reported.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_handler_that_commits_itself_is_caught() {
-        let f = Fixture::new(TableMode::Unlogged).await;
+    async fn a_handler_that_commits_itself_is_caught<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let engine = f.engine(EngineConfig::default());
         for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
             let (s, k) = (scope(), key());
             let guard = proceed(&engine, &s, &k).await;
             write_side_effect(&guard, &f.schema).await;
-            {
-                let slot = guard.transaction().expect("a transaction");
-                let tx = slot.open::<PgTransaction>().await.expect("reopen");
-                tx.batch_execute(end)
-                    .await
-                    .expect("the handler ends the transaction");
-            }
+            S::raw(guard.transaction().expect("a transaction"), end).await;
             assert_eq!(
                 guard.complete(response(201)).await,
                 Completion::TransactionMisused,
@@ -357,9 +485,8 @@ mod postgres {
 
     /// The transaction is only offered while the lease is held, only as the store's type, and not
     /// after the request finished.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_transaction_is_refused_when_it_cannot_be_honoured() {
-        let f = Fixture::new(TableMode::Unlogged).await;
+    async fn the_transaction_is_refused_when_it_cannot_be_honoured<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let short = f.engine(
             EngineConfig::default()
                 .with_lease(Duration::from_millis(200))
@@ -369,7 +496,7 @@ mod postgres {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let slot = guard.transaction().expect("a transaction").clone();
         assert!(matches!(
-            slot.open::<PgTransaction>().await,
+            slot.open::<S::Tx>().await,
             Err(TransactionError::LeaseLost)
         ));
         let engine = f.engine(EngineConfig::default());
@@ -381,15 +508,10 @@ mod postgres {
         ));
         assert_eq!(guard.complete(response(201)).await, Completion::Stored);
         assert!(matches!(
-            slot.open::<PgTransaction>().await,
+            slot.open::<S::Tx>().await,
             Err(TransactionError::Closed)
         ));
-        let off = PostgresStore::builder(postgres_url())
-            .schema(&f.schema)
-            .transactions(false)
-            .build()
-            .await
-            .expect("build");
+        let off = S::build(&postgres_url(), &f.schema, TableMode::Unlogged, false).await;
         assert!(off.transactional().is_none());
         f.assert_pool_clean().await;
         f.drop().await;
@@ -413,5 +535,38 @@ mod postgres {
         fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
             self
         }
+    }
+
+    /// Every case above, as tests on the driver `$store`.
+    macro_rules! transaction_cases {
+        ($store:ty) => {
+            transaction_cases!(@ $store;
+                the_pool_probe_sees_a_connection_left_in_a_transaction,
+                a_commit_keeps_the_side_effect_and_the_response_together,
+                a_lease_taken_over_before_the_commit_rolls_the_writes_back,
+                a_status_not_stored_rolls_back_and_releases,
+                a_dropped_guard_rolls_back_and_releases,
+                a_store_error_at_commit_rolls_back_and_releases,
+                a_handler_that_commits_itself_is_caught,
+                the_transaction_is_refused_when_it_cannot_be_honoured,
+            );
+        };
+        (@ $store:ty; $($case:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case::<$store>().await;
+            }
+        )*};
+    }
+
+    /// On tokio-postgres and deadpool (`PgTransaction`).
+    mod tokio_postgres_driver {
+        transaction_cases!(idempotency_postgres::PostgresStore);
+    }
+
+    /// On sqlx (`SqlxTransaction`).
+    #[cfg(feature = "sqlx")]
+    mod sqlx_driver {
+        transaction_cases!(idempotency_postgres::SqlxPostgresStore);
     }
 }

@@ -17,8 +17,8 @@
 //!     );
 //! ```
 //!
-//! For several instances of a service, use a shared store: `PostgresStore` (the ADR's choice)
-//! or `RedisStore`. [`connect`] picks one from a URL at run time.
+//! For several instances of a service, use a shared store: `PostgresStore` (the ADR's choice;
+//! `SqlxPostgresStore` with the `sqlx` feature, on your app's `sqlx::PgPool`) or `RedisStore`. [`connect`] picks one from a URL at run time.
 //!
 //! Crates behind this one: [`idempotency_core`] (types, the store trait, the protocol engine),
 //! [`idempotency_tower`] (the layer), and one crate per store.
@@ -45,6 +45,8 @@ pub use idempotency_tower::{Tx, TxRejection};
 pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, ReplayTier};
 #[cfg(feature = "postgres")]
 pub use idempotency_postgres::{self as postgres, PgTransaction, PostgresStore, TableMode};
+#[cfg(feature = "sqlx")]
+pub use idempotency_postgres::{SqlxPostgresStore, SqlxTransaction};
 #[cfg(feature = "redis")]
 pub use idempotency_redis::{self as redis, RedisStore};
 

@@ -1,0 +1,113 @@
+//! Building the sqlx store on an application's pool.
+
+use super::session::SqlxSession;
+use super::store::{SqlxInner, SqlxPostgresStore};
+use crate::error::PostgresStoreError;
+use crate::schema::TableMode;
+use crate::session::check_writer;
+use crate::table::TableSettings;
+use sqlx::PgPool;
+use std::fmt;
+use std::sync::Arc;
+
+/// Builds a [`SqlxPostgresStore`] on an existing [`sqlx::PgPool`].
+pub struct SqlxPostgresStoreBuilder {
+    pool: PgPool,
+    table: TableSettings,
+    transactions: bool,
+    prepared_statements: bool,
+}
+
+impl fmt::Debug for SqlxPostgresStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlxPostgresStoreBuilder")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlxPostgresStore {
+    /// A builder for a store on `pool`. The pool's settings are the application's: its size,
+    /// timeouts, TLS, and (for [`TableMode::LoggedAsyncCommit`]) `synchronous_commit = off` on
+    /// its connections (`PgConnectOptions::options([("synchronous_commit", "off")])`).
+    pub fn builder(pool: PgPool) -> SqlxPostgresStoreBuilder {
+        SqlxPostgresStoreBuilder {
+            pool,
+            table: TableSettings::default(),
+            transactions: true,
+            prepared_statements: true,
+        }
+    }
+}
+
+impl SqlxPostgresStoreBuilder {
+    /// The schema of the table (default `public`). Letters, digits and underscores.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.table.schema = schema.into();
+        self
+    }
+
+    /// The table name (default `idempotency_keys`). Letters, digits and underscores.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table.table = table.into();
+        self
+    }
+
+    /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
+    pub fn table_mode(mut self, mode: TableMode) -> Self {
+        self.table.mode = mode;
+        self
+    }
+
+    /// The pg_cron schedule [`SqlxPostgresStore::migrate`] gives the purge job (default hourly,
+    /// `0 * * * *`).
+    pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
+        self.table.purge_schedule = schedule.into();
+        self
+    }
+
+    /// Whether handlers are offered a transaction in which their writes commit together with
+    /// the stored response ([`SqlxTransaction`](super::SqlxTransaction); default true). Off,
+    /// every request is completed on its own statement.
+    pub fn transactions(mut self, offer: bool) -> Self {
+        self.transactions = offer;
+        self
+    }
+
+    /// Whether the store's statements are cached on each connection by sqlx (default true,
+    /// one round trip per step). Turn it off behind a connection pooler in transaction mode that
+    /// does not track prepared statements: sqlx then parses each statement unnamed, which costs
+    /// it one more round trip per step.
+    pub fn prepared_statements(mut self, prepared: bool) -> Self {
+        self.prepared_statements = prepared;
+        self
+    }
+
+    /// The SQL [`SqlxPostgresStore::migrate`] would apply (the same as the tokio-postgres
+    /// flavour's), for teams that run their own migration tool. It does not connect.
+    pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
+        self.table.migration_sql()
+    }
+
+    /// Checks that the server is a writer and, for [`TableMode::LoggedAsyncCommit`], that the
+    /// pool's commits are asynchronous; then checks the state sentinel once (a table emptied
+    /// since it was migrated counts as a loss).
+    pub async fn build(self) -> Result<SqlxPostgresStore, PostgresStoreError> {
+        let table = self.table.table()?;
+        let mut connection = self.pool.acquire().await?;
+        check_writer(&mut SqlxSession(&mut connection), table.mode).await?;
+        // Before `migrate` the table does not exist yet: not a loss.
+        if let Err(error) = table.watch.check(&mut SqlxSession(&mut connection)).await {
+            tracing::debug!(error = %idempotency_core::ErrorChain(&error), "could not check the state sentinel");
+        }
+        drop(connection);
+        Ok(SqlxPostgresStore {
+            inner: Arc::new(SqlxInner {
+                table,
+                pool: self.pool,
+                transactions: self.transactions,
+                prepared: self.prepared_statements,
+            }),
+        })
+    }
+}

@@ -1,0 +1,60 @@
+//! Setup statements and error mapping over sqlx.
+
+use crate::error::{BACKEND, PostgresStoreError, is_transient_sqlstate};
+use crate::session::SetupSession;
+use async_trait::async_trait;
+use idempotency_core::StoreError;
+use sqlx::{Executor, PgConnection, Row};
+
+/// A sqlx connection (or transaction) as a [`SetupSession`]. Statements are not cached on the
+/// connection (`persistent(false)`): setup runs rarely, and leaves nothing behind a pooler.
+pub(crate) struct SqlxSession<'a>(pub(crate) &'a mut PgConnection);
+
+#[async_trait]
+impl SetupSession for SqlxSession<'_> {
+    async fn batch(&mut self, sql: &str) -> Result<(), PostgresStoreError> {
+        self.0.execute(sqlx::raw_sql(sql)).await?;
+        Ok(())
+    }
+
+    async fn rows(
+        &mut self,
+        sql: &str,
+        params: &[&str],
+    ) -> Result<Vec<Vec<Option<String>>>, PostgresStoreError> {
+        let mut query = sqlx::query(sql).persistent(false);
+        for param in params {
+            query = query.bind(*param);
+        }
+        let rows = self.0.fetch_all(query).await?;
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| row.try_get::<Option<String>, _>(i))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<_, _>>()
+            .map_err(PostgresStoreError::from)
+    }
+}
+
+/// A sqlx error as a store error: retryable when the server or the pool cannot answer now.
+pub(crate) fn sqlx_error(e: sqlx::Error) -> StoreError {
+    let transient = match &e {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_transient_sqlstate(&code)),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => true,
+        _ => false,
+    };
+    StoreError::from_failure(BACKEND, transient, e)
+}
+
+/// Whether `e` is the database error with SQLSTATE `code`.
+pub(crate) fn has_sqlstate(e: &sqlx::Error, code: &str) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
+}

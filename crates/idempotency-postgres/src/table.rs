@@ -1,0 +1,121 @@
+//! What both drivers share about the store's table: its settings, its rendered statements, its
+//! state sentinel, and how a record is read back from the columns every read selects.
+
+use crate::error::{BACKEND, PostgresStoreError};
+use crate::schema::{Statements, TableMode, TableName};
+use crate::state::StateWatch;
+use crate::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
+use bytes::Bytes;
+use idempotency_core::{
+    CorruptRecord, Fingerprint, Record, RecordState, StoreError, StoredResponse,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The table a store was configured with, before it is validated.
+#[derive(Clone, Debug)]
+pub(crate) struct TableSettings {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    pub(crate) mode: TableMode,
+    pub(crate) purge_schedule: String,
+}
+
+impl Default for TableSettings {
+    fn default() -> Self {
+        TableSettings {
+            schema: "public".to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            mode: TableMode::default(),
+            purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
+        }
+    }
+}
+
+impl TableSettings {
+    /// Validates the names and the schedule and renders the statements.
+    pub(crate) fn table(&self) -> Result<Table, PostgresStoreError> {
+        let name = TableName::new(&self.schema, &self.table)?;
+        validate_schedule(&self.purge_schedule)?;
+        Ok(Table {
+            watch: Arc::new(StateWatch::new(&name)),
+            statements: Statements::new(&name),
+            name,
+            mode: self.mode,
+            purge_schedule: self.purge_schedule.clone(),
+        })
+    }
+
+    /// Every migration as one script, for teams that run their own migration tool.
+    pub(crate) fn migration_sql(&self) -> Result<String, PostgresStoreError> {
+        let name = TableName::new(&self.schema, &self.table)?;
+        validate_schedule(&self.purge_schedule)?;
+        Ok(crate::migrate::render_all(
+            &name,
+            self.mode,
+            &self.purge_schedule,
+        ))
+    }
+}
+
+/// A pg_cron schedule goes into a dollar-quoted block of the migration: refuse what could end it.
+fn validate_schedule(schedule: &str) -> Result<(), PostgresStoreError> {
+    if schedule.is_empty()
+        || schedule.contains(['$', ';'])
+        || schedule.chars().any(char::is_control)
+    {
+        return Err(PostgresStoreError::InvalidPurgeSchedule(
+            schedule.to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A validated table: the same for the tokio-postgres and the sqlx flavour of the store.
+#[derive(Debug)]
+pub(crate) struct Table {
+    pub(crate) name: TableName,
+    pub(crate) mode: TableMode,
+    /// The SQL text of every step, which both drivers send as it is.
+    pub(crate) statements: Statements,
+    pub(crate) purge_schedule: String,
+    pub(crate) watch: Arc<StateWatch>,
+}
+
+/// A record's columns, in the order the statements select them (`RECORD_COLUMNS`), as either
+/// driver read them.
+pub(crate) struct RecordColumns<'a> {
+    pub(crate) request_hash: &'a [u8],
+    pub(crate) in_flight: bool,
+    /// The lease left while in flight, the retention left once completed.
+    pub(crate) remaining_ms: i64,
+    pub(crate) response: Option<Vec<u8>>,
+}
+
+/// A column that could not be read as its type.
+pub(crate) fn corrupt_field(what: &'static str) -> StoreError {
+    StoreError::corrupt(BACKEND, CorruptRecord::Field(what))
+}
+
+impl RecordColumns<'_> {
+    /// The record these columns hold.
+    pub(crate) fn into_record(self) -> Result<Record, StoreError> {
+        let fingerprint = Fingerprint::from_bytes(self.request_hash)
+            .map_err(|e| StoreError::corrupt(BACKEND, e))?;
+        let remaining = Duration::from_millis(self.remaining_ms.max(0) as u64);
+        let state = match (self.in_flight, self.response) {
+            (true, None) => RecordState::InFlight {
+                lease_remaining: remaining,
+            },
+            (false, Some(bytes)) => RecordState::Completed {
+                response: StoredResponse::decode(Bytes::from(bytes))
+                    .map_err(|e| StoreError::corrupt(BACKEND, e))?,
+                retention_remaining: remaining,
+            },
+            _ => {
+                return Err(corrupt_field("a row must be either in flight or completed"));
+            }
+        };
+        Ok(Record { fingerprint, state })
+    }
+}
