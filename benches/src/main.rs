@@ -32,6 +32,9 @@ enum Command {
     /// Purge at scale only (a section of the report): days of churn on a throwaway
     /// PostgreSQL, with autovacuum at defaults and as recommended; prints the Markdown table.
     Purge(PurgeArgs),
+    /// The two PostgreSQL drivers only (a section of the report): tokio-postgres and sqlx, as
+    /// the library and raw, interleaved; prints the Markdown table.
+    Drivers(DriversArgs),
     /// Serves the task API of `http` (started by `http` and the report).
     #[command(hide = true)]
     ServeTasks(ServeArgs),
@@ -63,6 +66,17 @@ struct PurgeArgs {
     /// Wall time of one compressed hour, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     hour_ms: u64,
+}
+
+/// Settings of the drivers comparison.
+#[derive(clap::Args, Debug)]
+struct DriversArgs {
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 21)]
+    rounds: usize,
+    /// Operations per side in each round.
+    #[arg(long, default_value_t = 100)]
+    ops: usize,
 }
 
 /// Settings of the task API server.
@@ -140,6 +154,25 @@ fn main() -> std::process::ExitCode {
                 }
                 Err(e) => {
                     eprintln!("purge: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Drivers(args) => {
+            let servers = idempotency_bench::Servers::default();
+            let measured =
+                runtime.block_on(report::drivers::measure(&servers, args.rounds, args.ops));
+            let mut md = String::new();
+            match measured.and_then(|rows| {
+                report::drivers::section(&mut md, &rows, args.rounds, args.ops)
+                    .map_err(|e| e.to_string())
+            }) {
+                Ok(()) => {
+                    println!("{md}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drivers: {e}");
                     std::process::ExitCode::FAILURE
                 }
             }

@@ -74,4 +74,9 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
         text.contains("| postgres_unlogged | ") && text.contains("replay from the tier"),
         "missing the replay tier figures in:\n{text}"
     );
+    assert!(
+        text.contains("## PostgreSQL on tokio-postgres and on sqlx")
+            && text.contains("| `SqlxPostgresStore`, default `PgPool` | "),
+        "missing the two drivers in:\n{text}"
+    );
 }

@@ -2,6 +2,7 @@
 //! `chart` draws the latency chart, and `render` writes the Markdown from the results.
 
 mod chart;
+pub(crate) mod drivers;
 mod measure;
 mod probe;
 pub(crate) mod purge;
@@ -132,6 +133,7 @@ pub(crate) struct Results {
     pub(crate) http: Vec<HttpCompare>,
     /// Purge at scale, per table mode and autovacuum setting.
     pub(crate) purges: Vec<purge::PurgeRun>,
+    pub(crate) drivers: Vec<drivers::DriverRow>,
     pub(crate) churn: purge::Churn,
     /// Stores that could not be reached, and why.
     pub(crate) skipped: Vec<String>,
@@ -297,6 +299,16 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         c.cleanup().await;
     }
 
+    // Phase 3b: the two PostgreSQL drivers, interleaved.
+    progress.set_message("tokio-postgres and sqlx");
+    let drivers = match drivers::measure(&servers, args.floor_rounds, args.floor_ops).await {
+        Ok(rows) => rows,
+        Err(why) => {
+            skipped.push(format!("tokio-postgres and sqlx: {why}"));
+            Vec::new()
+        }
+    };
+
     // Phase 4: the layer through real HTTP, against the same handler without it.
     progress.set_message("the layer through HTTP");
     let http = if args.http_rounds == 0 {
@@ -368,6 +380,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         tier_replays,
         http,
         purges,
+        drivers,
         churn,
         skipped,
         fsync_after_us,

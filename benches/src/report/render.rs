@@ -24,6 +24,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         tier_replays,
         http,
         purges,
+        drivers,
         churn,
         skipped,
         fsync_after_us,
@@ -145,6 +146,9 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
     }
     if !pooler.iter().any(|c| c.target == Target::PgBouncer) {
         writeln!(w, "\nPgBouncer was not measured: pass `--pgbouncer URL`.")?;
+    }
+    if !drivers.is_empty() {
+        super::drivers::section(w, drivers, settings.floor_rounds, settings.floor_ops)?;
     }
     writeln!(
         w,

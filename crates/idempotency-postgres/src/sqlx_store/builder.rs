@@ -15,7 +15,6 @@ pub struct SqlxPostgresStoreBuilder {
     pool: PgPool,
     table: TableSettings,
     transactions: bool,
-    prepared_statements: bool,
 }
 
 impl fmt::Debug for SqlxPostgresStoreBuilder {
@@ -30,12 +29,16 @@ impl SqlxPostgresStore {
     /// A builder for a store on `pool`. The pool's settings are the application's: its size,
     /// timeouts, TLS, and (for [`TableMode::LoggedAsyncCommit`]) `synchronous_commit = off` on
     /// its connections (`PgConnectOptions::options([("synchronous_commit", "off")])`).
+    ///
+    /// The store's statements are cached on each connection, as sqlx caches the app's own.
+    /// Behind a pooler in transaction mode that means the pooler must track prepared statements
+    /// (PgBouncer 1.21 or later with `max_prepared_statements`); `docs/postgres.md` has the
+    /// details.
     pub fn builder(pool: PgPool) -> SqlxPostgresStoreBuilder {
         SqlxPostgresStoreBuilder {
             pool,
             table: TableSettings::default(),
             transactions: true,
-            prepared_statements: true,
         }
     }
 }
@@ -74,15 +77,6 @@ impl SqlxPostgresStoreBuilder {
         self
     }
 
-    /// Whether the store's statements are cached on each connection by sqlx (default true,
-    /// one round trip per step). Turn it off behind a connection pooler in transaction mode that
-    /// does not track prepared statements: sqlx then parses each statement unnamed, which costs
-    /// it one more round trip per step.
-    pub fn prepared_statements(mut self, prepared: bool) -> Self {
-        self.prepared_statements = prepared;
-        self
-    }
-
     /// The SQL [`SqlxPostgresStore::migrate`] would apply (the same as the tokio-postgres
     /// flavour's), for teams that run their own migration tool. It does not connect.
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
@@ -106,7 +100,6 @@ impl SqlxPostgresStoreBuilder {
                 table,
                 pool: self.pool,
                 transactions: self.transactions,
-                prepared: self.prepared_statements,
             }),
         })
     }

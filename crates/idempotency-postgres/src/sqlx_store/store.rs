@@ -23,8 +23,6 @@ pub(crate) struct SqlxInner {
     pub(crate) table: Table,
     pub(crate) pool: PgPool,
     pub(crate) transactions: bool,
-    /// Statements cached on each connection by sqlx; off, sent unnamed (for poolers).
-    pub(crate) prepared: bool,
 }
 
 /// The PostgreSQL store on an application's [`sqlx::PgPool`] (feature `sqlx`): the table,
@@ -97,8 +95,8 @@ impl SqlxPostgresStore {
     /// Checks that the table still holds what it held: returns `true` (and logs an error and
     /// counts it in `idempotency_store_state_lost_total`) when the table was emptied since the
     /// last check, by crash recovery of an UNLOGGED table, a failover or a `TRUNCATE`. The store
-    /// checks once when it is built; the pool is yours, so call this periodically, or from your
-    /// pool's `after_connect` hook (after a crash every connection is new).
+    /// checks once when it is built; the pool is yours, so call this periodically (a background
+    /// task every 30 s, say): one single-row `INSERT .. ON CONFLICT DO NOTHING` per call.
     pub async fn check_state(&self) -> Result<bool, StoreError> {
         let mut connection = self.inner.pool.acquire().await.map_err(sqlx_error)?;
         self.inner
@@ -115,9 +113,10 @@ impl SqlxPostgresStore {
         self.inner.table.watch.losses.count()
     }
 
-    /// `sql` as a sqlx query, cached on the connection unless statements are sent unnamed.
+    /// `sql` as a sqlx query, prepared once per connection and cached there (sqlx's default):
+    /// after the first use, one round trip.
     pub(crate) fn query<'q>(&self, sql: &'q Sql) -> sqlx::query::Query<'q, Postgres, PgArguments> {
-        sqlx::query(&sql.text).persistent(self.inner.prepared)
+        sqlx::query(&sql.text)
     }
 
     /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
