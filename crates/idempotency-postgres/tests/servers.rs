@@ -1,5 +1,6 @@
-//! Tests on throwaway PostgreSQL clusters: crash loss (the ADR's accepted risk), the pg_cron
-//! purge job, and refusing a standby. Each starts its own cluster on a free loopback port.
+//! Tests on throwaway PostgreSQL clusters: crash loss (the ADR's accepted risk), a failover to a
+//! promoted standby, the pg_cron purge job, and refusing a standby. Each starts its own cluster
+//! on a free loopback port.
 
 mod postgres {
     use bytes::Bytes;
@@ -498,5 +499,126 @@ mod postgres {
             other => panic!("a mode mismatch must be refused, got {other:?}"),
         }
         test_schema.drop().await;
+    }
+
+    /// A failover: the primary dies, its streaming standby is promoted. The store on the old
+    /// primary's URL fails with a retryable error, never an absent record; a store on the promoted
+    /// server works at once. The UNLOGGED table comes up empty there (standbys never receive
+    /// unlogged data), and the loss is counted; the LOGGED table has every record replicated
+    /// before the failover, and retries replay them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failover_to_a_promoted_standby() {
+        let primary = cluster(&[]);
+        let url = primary.url("postgres");
+        let unlogged = store(&url, "fo_unlogged", TableMode::Unlogged).await;
+        let logged = store(&url, "fo_logged", TableMode::Logged).await;
+        let scope = Scope::new("user-1").expect("scope");
+        let standby = primary
+            .start_standby()
+            .unwrap_or_else(|e| panic!("pg_basebackup standby: {e}\n{}", primary.log()));
+        complete_records(&unlogged, &scope, 20).await;
+        complete_records(&logged, &scope, 20).await;
+
+        // Replication is asynchronous: wait until the standby has replayed everything the
+        // primary wrote, so the LOGGED figure is what the failover keeps, not a race.
+        let primary_client = unlogged.pool().get().await.expect("connection");
+        let lsn: String = primary_client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("primary LSN")
+            .get(0);
+        drop(primary_client);
+        let (standby_client, connection) =
+            tokio_postgres::connect(&standby.url("postgres"), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the standby");
+        tokio::spawn(connection);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let caught_up: bool = standby_client
+                .query_one(
+                    "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                    &[&lsn],
+                )
+                .await
+                .expect("standby replay LSN")
+                .get(0);
+            if caught_up {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the standby never caught up:\n{}",
+                standby.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(standby_client);
+
+        primary.crash().expect("kill the primary");
+        standby.promote().expect("promote the standby");
+
+        // The old primary's URL: every step is a retryable error, never "absent".
+        for (name, old) in [("unlogged", &unlogged), ("logged", &logged)] {
+            match old.get(&scope, &key(0)).await {
+                Err(e) => assert!(e.is_retryable(), "{name}: {e}"),
+                Ok(record) => panic!("{name}: the dead primary answered {record:?}"),
+            }
+            match old
+                .claim(&scope, &key(99), &fp(), LeaseToken::new(), HOUR)
+                .await
+            {
+                Err(e) => assert!(e.is_retryable(), "{name}: {e}"),
+                Ok(outcome) => panic!("{name}: the dead primary answered {outcome:?}"),
+            }
+        }
+
+        // The promoted standby: the store builds (it is a writer now) and works.
+        let promoted = standby.url("postgres");
+        let unlogged = PostgresStore::builder(&promoted)
+            .schema("fo_unlogged")
+            .build()
+            .await
+            .expect("build on the promoted standby");
+        assert_eq!(
+            unlogged.get(&scope, &key(0)).await.expect("get"),
+            None,
+            "UNLOGGED records do not reach a standby"
+        );
+        assert_eq!(unlogged.state_losses(), 1, "the loss is counted");
+        assert_eq!(count_rows(&unlogged).await, 0);
+        assert_eq!(
+            unlogged
+                .claim(&scope, &key(0), &fp(), LeaseToken::new(), HOUR)
+                .await
+                .expect("claim"),
+            ClaimOutcome::Claimed,
+            "a key completed before the failover runs again (the ADR's accepted loss)"
+        );
+        let logged = PostgresStore::builder(&promoted)
+            .schema("fo_logged")
+            .table_mode(TableMode::Logged)
+            .build()
+            .await
+            .expect("build on the promoted standby");
+        assert_eq!(logged.state_losses(), 0);
+        assert_eq!(count_rows(&logged).await, 20);
+        for i in 0..20 {
+            match logged.get(&scope, &key(i)).await.expect("get") {
+                Some(record) => assert!(
+                    matches!(record.state, RecordState::Completed { .. }),
+                    "record {i}: {:?}",
+                    record.state
+                ),
+                None => panic!("LOGGED lost record {i} in the failover"),
+            }
+        }
+        assert!(matches!(
+            logged
+                .claim(&scope, &key(0), &fp(), LeaseToken::new(), HOUR)
+                .await
+                .expect("claim"),
+            ClaimOutcome::Existing(_)
+        ));
     }
 }

@@ -188,6 +188,16 @@ impl TempPostgres {
         Ok(())
     }
 
+    /// Promotes this standby to a primary (`pg_ctl promote -w`): it leaves recovery and accepts
+    /// writes; its UNLOGGED tables start empty.
+    pub fn promote(&self) -> io::Result<()> {
+        self.pg(
+            "pg_ctl",
+            &["-D", path_str(&self.data_dir())?, "-w", "-t", "60", "promote"],
+        )?;
+        Ok(())
+    }
+
     /// Kills the server without a clean shutdown (`pg_ctl stop -m immediate`): the next start
     /// runs crash recovery, which empties UNLOGGED tables.
     pub fn crash(&self) -> io::Result<()> {
