@@ -9,6 +9,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idempotency::{PostgresStore, TableMode};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,8 +20,12 @@ use tokio::sync::Mutex;
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
-    /// The demo's `--store` (`memory`, `postgres://...`, `redis://...`).
+    /// The demo's `--store` (`memory`, `postgres://...`, `redis://...`,
+    /// `redis+cluster://...`).
     pub store: String,
+    /// For PostgreSQL: the table mode. UNLOGGED uses the demo's table (`public`); the others get
+    /// a schema of their own (`idem_load_<mode>`), beside it in the same database.
+    pub table_mode: TableMode,
     /// Logical requests: distinct keys, each a task to create once.
     pub logical: usize,
     /// Clients working at once.
@@ -207,9 +212,24 @@ async fn logical(shared: &Shared, i: usize, user: &str, burst: usize) -> Result<
 
 /// Starts the demo on `config.store` on a free loopback port, runs the mix, counts the tasks.
 pub async fn run(config: &LoadConfig) -> Result<LoadReport, String> {
-    let app = idempotency_demo::build_app(&config.store)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
+    let app = if config.store.starts_with("postgres") && config.table_mode != TableMode::Unlogged {
+        let store = PostgresStore::builder(&config.store)
+            .schema(format!("idem_load_{}", config.table_mode.name()))
+            .table_mode(config.table_mode)
+            .pool_size(32)
+            .build()
+            .await
+            .map_err(crate::err)?;
+        store.migrate().await.map_err(crate::err)?;
+        let tasks = idempotency_demo::tasks::TaskStore::postgres(store.pool().clone())
+            .await
+            .map_err(crate::err)?;
+        idempotency_demo::router(Arc::new(store), tasks)
+    } else {
+        idempotency_demo::build_app(&config.store)
+            .await
+            .map_err(|e| format!("{e:?}"))?
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;

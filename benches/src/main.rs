@@ -35,6 +35,9 @@ enum Command {
     /// The two PostgreSQL drivers only (a section of the report): tokio-postgres and sqlx, as
     /// the library and raw, interleaved; prints the Markdown table.
     Drivers(DriversArgs),
+    /// What waiting for a Redis replica costs (a section of the report), on a throwaway master
+    /// and replica; prints the Markdown table.
+    Replicas(DriversArgs),
     /// Serves the task API of `http` (started by `http` and the report).
     #[command(hide = true)]
     ServeTasks(ServeArgs),
@@ -68,7 +71,7 @@ struct PurgeArgs {
     hour_ms: u64,
 }
 
-/// Settings of the drivers comparison.
+/// Settings of an interleaved comparison at one client (drivers, replicas).
 #[derive(clap::Args, Debug)]
 struct DriversArgs {
     /// Interleaved rounds.
@@ -96,9 +99,14 @@ struct LoadArgs {
     /// Stores to run on (repeatable). Default: memory, the loopback PostgreSQL and Redis.
     #[arg(long)]
     store: Vec<String>,
-    /// Logical requests (distinct keys) per store.
-    #[arg(long, default_value_t = 5000)]
-    logical: usize,
+    /// The long mode (not in CI): at least 10^5 duplicates per store, on memory, PostgreSQL
+    /// UNLOGGED and LOGGED, Redis, and a throwaway three-master Redis Cluster; 60,000 logical
+    /// requests per store unless `--logical` says otherwise.
+    #[arg(long)]
+    long: bool,
+    /// Logical requests (distinct keys) per store (default 5,000; 60,000 in the long mode).
+    #[arg(long)]
+    logical: Option<usize>,
     /// Clients at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
@@ -177,6 +185,23 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
+        Command::Replicas(args) => {
+            let measured = runtime.block_on(report::replicas::measure(args.rounds, args.ops));
+            let mut md = String::new();
+            match measured.and_then(|cost| {
+                report::replicas::section(&mut md, &cost, args.rounds, args.ops)
+                    .map_err(|e| e.to_string())
+            }) {
+                Ok(()) => {
+                    println!("{md}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("replicas: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::ServeTasks(args) => match runtime.block_on(http::serve(args.listen, args.layer)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -207,24 +232,59 @@ async fn http_rows(args: &HttpArgs) -> Result<(), String> {
 
 /// Runs the load on every store and prints one Markdown row per store.
 async fn load(args: LoadArgs) -> std::process::ExitCode {
-    let stores = if args.store.is_empty() {
-        vec![
-            "memory".to_owned(),
-            idempotency_testkit::env::postgres_url(),
-            idempotency_testkit::env::redis_url(),
-        ]
-    } else {
+    use idempotency::TableMode;
+    let logical = args
+        .logical
+        .unwrap_or(if args.long { 60_000 } else { 5_000 });
+    // The long mode's cluster lives until the runs are over.
+    let mut cluster = None;
+    let stores: Vec<(String, TableMode)> = if !args.store.is_empty() {
         args.store
+            .into_iter()
+            .map(|s| (s, TableMode::Unlogged))
+            .collect()
+    } else {
+        let postgres = idempotency_testkit::env::postgres_url();
+        let mut stores = vec![
+            ("memory".to_owned(), TableMode::Unlogged),
+            (postgres.clone(), TableMode::Unlogged),
+        ];
+        if args.long {
+            stores.push((postgres, TableMode::Logged));
+        }
+        stores.push((idempotency_testkit::env::redis_url(), TableMode::Unlogged));
+        if args.long {
+            match idempotency_testkit::TempRedisCluster::start() {
+                Ok(c) => {
+                    let nodes: Vec<String> = c
+                        .urls()
+                        .iter()
+                        .map(|u| u.trim_start_matches("redis://").to_owned())
+                        .collect();
+                    stores.push((
+                        format!("redis+cluster://{}", nodes.join(",")),
+                        TableMode::Unlogged,
+                    ));
+                    cluster = Some(c);
+                }
+                Err(e) => {
+                    eprintln!("could not start a throwaway Redis Cluster: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+        }
+        stores
     };
     println!(
         "| store | logical requests | HTTP requests | duplicates sent | double executions | never created | unexpected | p50 µs | p99 µs | requests/s |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut failed = false;
-    for store in stores {
+    for (store, table_mode) in stores {
         let config = LoadConfig {
             store: store.clone(),
-            logical: args.logical,
+            table_mode,
+            logical,
             concurrency: args.concurrency,
             users: 16,
             burst: args.burst,
@@ -232,9 +292,13 @@ async fn load(args: LoadArgs) -> std::process::ExitCode {
         match run(&config).await {
             Ok(r) => {
                 let scheme = store.split("://").next().unwrap_or(&store);
+                let label = if scheme.starts_with("postgres") {
+                    format!("{scheme} {}", table_mode.name())
+                } else {
+                    scheme.to_owned()
+                };
                 println!(
-                    "| {scheme} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
-                    args.logical,
+                    "| {label} | {logical} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
                     r.requests,
                     r.duplicates,
                     r.double_executions,
@@ -244,8 +308,18 @@ async fn load(args: LoadArgs) -> std::process::ExitCode {
                     r.p99_us,
                     r.requests as f64 / r.elapsed.as_secs_f64()
                 );
+                if !r.unexpected.is_empty() {
+                    eprintln!("{label}: unexpected answers: {:?}", r.unexpected);
+                }
                 failed |=
                     r.double_executions != 0 || !r.unexpected.is_empty() || r.never_created != 0;
+                if args.long && r.duplicates < 100_000 {
+                    eprintln!(
+                        "{label}: only {} duplicates sent; raise --logical",
+                        r.duplicates
+                    );
+                    failed = true;
+                }
             }
             Err(e) => {
                 eprintln!("{store}: {e}");
@@ -253,6 +327,7 @@ async fn load(args: LoadArgs) -> std::process::ExitCode {
             }
         }
     }
+    drop(cluster);
     if failed {
         std::process::ExitCode::FAILURE
     } else {

@@ -7,6 +7,7 @@ use idempotency_testkit::env::{postgres_url, redis_url};
 async fn short_load(store: String) {
     let config = LoadConfig {
         store,
+        table_mode: idempotency::TableMode::Unlogged,
         logical: 400,
         concurrency: 16,
         users: 8,

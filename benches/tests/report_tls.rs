@@ -79,4 +79,9 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
             && text.contains("| `SqlxPostgresStore`, default `PgPool` | "),
         "missing the two drivers in:\n{text}"
     );
+    assert!(
+        text.contains("## Redis: waiting for replicas")
+            && text.contains("| `wait_for_replicas(1, 1s)` |"),
+        "missing the replica wait in:\n{text}"
+    );
 }

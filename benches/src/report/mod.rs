@@ -7,6 +7,7 @@ mod measure;
 mod probe;
 pub(crate) mod purge;
 pub(crate) mod render;
+pub(crate) mod replicas;
 
 use idempotency::TableMode;
 use idempotency_bench::http::{self, HttpCompare};
@@ -134,6 +135,7 @@ pub(crate) struct Results {
     /// Purge at scale, per table mode and autovacuum setting.
     pub(crate) purges: Vec<purge::PurgeRun>,
     pub(crate) drivers: Vec<drivers::DriverRow>,
+    pub(crate) replica_wait: Option<replicas::ReplicaWaitCost>,
     pub(crate) churn: purge::Churn,
     /// Stores that could not be reached, and why.
     pub(crate) skipped: Vec<String>,
@@ -309,6 +311,16 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         }
     };
 
+    // Phase 3c: what waiting for a Redis replica costs, on a throwaway master and replica.
+    progress.set_message("Redis: waiting for replicas (throwaway servers)");
+    let replica_wait = match replicas::measure(args.floor_rounds, args.floor_ops).await {
+        Ok(cost) => Some(cost),
+        Err(why) => {
+            skipped.push(format!("Redis: waiting for replicas: {why}"));
+            None
+        }
+    };
+
     // Phase 4: the layer through real HTTP, against the same handler without it.
     progress.set_message("the layer through HTTP");
     let http = if args.http_rounds == 0 {
@@ -381,6 +393,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         http,
         purges,
         drivers,
+        replica_wait,
         churn,
         skipped,
         fsync_after_us,

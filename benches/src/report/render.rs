@@ -25,6 +25,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         http,
         purges,
         drivers,
+        replica_wait,
         churn,
         skipped,
         fsync_after_us,
@@ -149,6 +150,9 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
     }
     if !drivers.is_empty() {
         super::drivers::section(w, drivers, settings.floor_rounds, settings.floor_ops)?;
+    }
+    if let Some(cost) = replica_wait {
+        super::replicas::section(w, cost, settings.floor_rounds, settings.floor_ops)?;
     }
     writeln!(
         w,

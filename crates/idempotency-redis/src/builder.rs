@@ -2,8 +2,8 @@
 
 use crate::DEFAULT_PREFIX;
 use crate::error::RedisStoreError;
-use crate::eviction;
-use crate::store::{Connection, Inner, RedisStore};
+use crate::store::{Connection, Inner, RedisStore, ReplicaWait};
+use crate::{eviction, sentinel};
 use idempotency_core::StateLoss;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::fmt;
@@ -31,6 +31,7 @@ pub struct RedisStoreBuilder {
     tls_root_cert: Option<std::path::PathBuf>,
     allow_eviction: bool,
     watch_interval: Option<Duration>,
+    replica_wait: Option<ReplicaWait>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -80,6 +81,22 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// After each claim and each completion, waits (Redis `WAIT`) until `replicas` replicas of
+    /// the record's master acknowledged it, for up to `timeout`; fewer acknowledgements are a
+    /// retryable error (503 at the HTTP layer), and a claim that was not acknowledged is released
+    /// again. Off by default.
+    ///
+    /// Redis replicates asynchronously: a failover to a replica that had not received a claim
+    /// forgets it, and a retry then runs the request a second time while the first still runs.
+    /// With this, a handler runs only once its claim is on `replicas` replicas, and a client only
+    /// gets a response that is on them. It costs a replica round trip per step (the report's
+    /// "Redis: waiting for replicas" measures it), and with fewer than `replicas` replicas up
+    /// every request fails. `timeout` must be shorter than the response timeout.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_wait = Some(ReplicaWait { replicas, timeout });
+        self
+    }
+
     /// Trust the roots in this PEM file (your CA, or ElastiCache's) for `rediss://` connections,
     /// instead of the system's roots. Needs the `tls` feature.
     pub fn tls_root_cert(mut self, pem_file: impl Into<std::path::PathBuf>) -> Self {
@@ -124,6 +141,17 @@ impl RedisStoreBuilder {
     pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
         if self.prefix.contains(['{', '}']) {
             return Err(RedisStoreError::InvalidPrefix(self.prefix));
+        }
+        if let Some(wait) = self.replica_wait
+            && (wait.replicas == 0
+                || wait.timeout.is_zero()
+                || wait.timeout >= self.response_timeout)
+        {
+            return Err(RedisStoreError::ReplicaWait(format!(
+                "ask for at least one replica, and a timeout above zero and shorter than the \
+                 response timeout ({:?}); got {} replicas within {:?}",
+                self.response_timeout, wait.replicas, wait.timeout
+            )));
         }
         let tls = self.tls()?;
         let connection = match self.target {
@@ -179,22 +207,32 @@ impl RedisStoreBuilder {
                 )
             }
         };
+        // One sentinel per master of a cluster, so a master that comes back empty is noticed
+        // whichever it is.
+        let sentinels = match sentinel::cluster_masters(&connection)
+            .await
+            .map_err(RedisStoreError::Inspect)?
+        {
+            masters if masters.is_empty() => sentinel::single(&self.prefix),
+            masters => sentinel::per_master(&self.prefix, &masters),
+        };
         let store = RedisStore {
             inner: Arc::new(Inner {
                 connection,
-                sentinel: format!("{}state-sentinel", self.prefix),
+                sentinels,
                 prefix: self.prefix,
                 needs_check: AtomicBool::new(false),
                 losses: StateLoss::default(),
                 evicted_seen: Default::default(),
                 evictions: Default::default(),
                 eviction_allowed: self.allow_eviction,
+                replica_wait: self.replica_wait,
             }),
         };
         // The first store on this prefix plants the sentinel; its later absence means Redis lost
         // its data (a restart without persistence, a failover to an empty replica, a FLUSHALL).
         store
-            .plant_sentinel()
+            .plant_sentinels()
             .await
             .map_err(RedisStoreError::Connect)?;
         let policies = eviction::policies(&store.inner.connection)
@@ -213,6 +251,21 @@ impl RedisStoreBuilder {
                 "Redis can evict idempotency records (allowed by allow_eviction): their retries \
                  run again under memory pressure"
             );
+        }
+        if let Some(wait) = self.replica_wait {
+            let replicas = eviction::connected_replicas(&store.inner.connection)
+                .await
+                .map_err(RedisStoreError::Inspect)?;
+            if let Some((node, connected)) = replicas
+                .into_iter()
+                .find(|(_, n)| *n < u64::from(wait.replicas))
+            {
+                return Err(RedisStoreError::ReplicaWait(format!(
+                    "{node} has {connected} replicas in sync and the store waits for {}: \
+                     every request would fail",
+                    wait.replicas
+                )));
+            }
         }
         // The baseline of the eviction count.
         let evicted = eviction::evicted_per_node(&store.inner.connection)
@@ -264,6 +317,7 @@ impl RedisStore {
             tls_root_cert: None,
             allow_eviction: false,
             watch_interval: Some(Duration::from_secs(60)),
+            replica_wait: None,
         }
     }
 }

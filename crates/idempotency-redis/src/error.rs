@@ -34,6 +34,10 @@ pub enum RedisStoreError {
     /// user may lack the permission (ACL `+info`).
     #[error("could not read Redis' eviction settings (INFO memory / INFO stats)")]
     Inspect(#[source] RedisError),
+    /// [`wait_for_replicas`](crate::RedisStoreBuilder::wait_for_replicas) asks for more
+    /// replicas than a master has connected, or for a timeout the response timeout would cut.
+    #[error("wait_for_replicas: {0}")]
+    ReplicaWait(String),
     /// TLS was asked for (`rediss://`, a root certificate) and cannot be given: the build lacks
     /// the `tls` feature, or the root certificate cannot be read.
     #[error("TLS settings: {0}")]

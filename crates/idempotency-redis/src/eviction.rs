@@ -64,6 +64,24 @@ fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The replicas of every master that are in sync (`INFO replication`: `slaveN:` lines with
+/// `state=online`; one still loading its first copy cannot acknowledge), as `(node, replicas)`.
+pub(crate) async fn connected_replicas(
+    connection: &Connection,
+) -> Result<Vec<(String, u64)>, RedisError> {
+    Ok(info_per_node(connection, "replication")
+        .await?
+        .into_iter()
+        .map(|(node, info)| {
+            let online = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .count() as u64;
+            (node, online)
+        })
+        .collect())
+}
+
 /// What the eviction check found on one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NodePolicy {

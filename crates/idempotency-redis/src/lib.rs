@@ -34,17 +34,24 @@
 //!   runs the loss check, counts Redis' `evicted_keys` growth
 //!   (`idempotency_redis_evicted_keys_total`, and a warning in the log) and reports a policy
 //!   changed at run time.
+//! - **Loss detection per master**: a sentinel key on the server, or one on every master of a
+//!   cluster ([`RedisStore::check_state`]).
+//! - **Replication is asynchronous**: a failover can forget the last writes.
+//!   [`RedisStoreBuilder::wait_for_replicas`] waits for replicas after each claim and completion
+//!   (`docs/redis.md`, "Replicas and failover").
 
 //!
 //! # Files
 //! `builder.rs` (connecting), `store.rs` (the primitives, key names, loss detection),
-//! `eviction.rs` (the policy check and the eviction watch), `status.rs` (server settings),
+//! `eviction.rs` (the policy check and the eviction watch), `sentinel.rs` (the loss sentinels,
+//! one per master), `status.rs` (server settings),
 //! `reply.rs` (the scripts' replies), `error.rs`, and the scripts in `lua/`.
 
 mod builder;
 mod error;
 mod eviction;
 mod reply;
+mod sentinel;
 mod status;
 mod store;
 

@@ -25,7 +25,8 @@ pub(crate) enum Connection {
 pub(crate) struct Inner {
     pub(crate) connection: Connection,
     pub(crate) prefix: String,
-    pub(crate) sentinel: String,
+    /// The state sentinels: one on a single server, one per master of a cluster.
+    pub(crate) sentinels: Vec<String>,
     pub(crate) needs_check: AtomicBool,
     pub(crate) losses: StateLoss,
     /// `evicted_keys` per node at the last eviction check.
@@ -34,6 +35,15 @@ pub(crate) struct Inner {
     pub(crate) evictions: std::sync::atomic::AtomicU64,
     /// Whether the user allowed an evicting `maxmemory-policy`.
     pub(crate) eviction_allowed: bool,
+    /// Replicas to wait for after claims and completions.
+    pub(crate) replica_wait: Option<ReplicaWait>,
+}
+
+/// `WAIT <replicas> <timeout>` after each claim and completion.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReplicaWait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
 }
 
 /// The Redis store. Cheap to clone; clones share the connection.
@@ -87,42 +97,90 @@ impl RedisStore {
         name
     }
 
-    /// Sets the sentinel if it is missing; returns whether it was missing.
-    pub(crate) async fn plant_sentinel(&self) -> Result<bool, RedisError> {
-        let mut command = redis::cmd("SET");
-        command.arg(&self.inner.sentinel).arg(1).arg("NX");
-        let reply: Option<String> = match &self.inner.connection {
-            Connection::Single(c) => command.query_async(&mut c.clone()).await?,
-            Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
-        };
-        Ok(reply.is_some())
+    /// Sets every sentinel that is missing; returns the ones that were.
+    pub(crate) async fn plant_sentinels(&self) -> Result<Vec<&str>, RedisError> {
+        let mut missing = Vec::new();
+        for sentinel in &self.inner.sentinels {
+            let mut command = redis::cmd("SET");
+            command.arg(sentinel).arg(1).arg("NX");
+            let reply: Option<String> = match &self.inner.connection {
+                Connection::Single(c) => command.query_async(&mut c.clone()).await?,
+                Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
+            };
+            if reply.is_some() {
+                missing.push(sentinel.as_str());
+            }
+        }
+        Ok(missing)
     }
 
     /// Checks that Redis still holds what it held: returns `true` (and logs an error and counts
-    /// it in `idempotency_store_state_lost_total`) when the store's sentinel key is gone, which
-    /// means Redis lost its data (a restart without persistence, a failover to an empty replica,
-    /// `FLUSHALL`, or eviction under an evicting `maxmemory-policy`). The store runs it by itself
-    /// before its first call after a connection failure; call it periodically to also notice a
-    /// restart that happened while the store was idle.
+    /// it in `idempotency_store_state_lost_total`, once per master that lost it) when a sentinel
+    /// key is gone, which means Redis lost its data (a restart without persistence, a failover to
+    /// a replica that had not received it, `FLUSHALL`, or eviction under an evicting
+    /// `maxmemory-policy`). On a cluster every master holds a sentinel of its own. The store runs
+    /// it by itself before its first call after a connection failure, and its watch runs it
+    /// periodically ([`RedisStoreBuilder::watch_interval`](crate::RedisStoreBuilder::watch_interval)).
     pub async fn check_state(&self) -> Result<bool, StoreError> {
-        let lost = self.plant_sentinel().await.map_err(|e| {
+        let missing = self.plant_sentinels().await.map_err(|e| {
             self.inner.needs_check.store(true, Ordering::Relaxed);
             redis_error(e)
         })?;
-        if lost {
+        for sentinel in &missing {
             self.inner.losses.found(
                 BACKEND,
-                &self.inner.prefix,
-                "Redis no longer holds the sentinel key: a restart without persistence, a \
+                sentinel,
+                "Redis no longer holds this sentinel key: a restart without persistence, a \
                  failover, FLUSHALL or eviction",
             );
         }
-        Ok(lost)
+        Ok(!missing.is_empty())
     }
 
     /// How many times this store found Redis' data gone (see [`RedisStore::check_state`]).
     pub fn state_losses(&self) -> u64 {
         self.inner.losses.count()
+    }
+
+    /// With [`RedisStoreBuilder::wait_for_replicas`](crate::RedisStoreBuilder::wait_for_replicas):
+    /// waits until enough replicas of `record`'s master acknowledged the writes so far; an
+    /// error when fewer did within the timeout.
+    async fn await_replicas(&self, record: &str, step: &str) -> Result<(), StoreError> {
+        let Some(wait) = self.inner.replica_wait else {
+            return Ok(());
+        };
+        let mut command = redis::cmd("WAIT");
+        command
+            .arg(wait.replicas)
+            .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+        // On a cluster, WAIT goes to the record's master, where its write went.
+        let acknowledged: i64 = match &self.inner.connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::with_key(record, SlotAddr::Master);
+                c.clone()
+                    .route_command(
+                        command,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                    .and_then(|value| redis::from_redis_value(value).map_err(RedisError::from))
+            }
+        }
+        .map_err(redis_error)?;
+        if acknowledged >= i64::from(wait.replicas) {
+            return Ok(());
+        }
+        metrics::counter!("idempotency_redis_replica_wait_shortfalls_total").increment(1);
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: format!(
+                "the {step} reached {acknowledged} of {} replicas within {:?}",
+                wait.replicas, wait.timeout
+            )
+            .into(),
+        })
     }
 
     async fn invoke<T: redis::FromRedisValue>(
@@ -177,7 +235,18 @@ impl IdempotencyStore for RedisStore {
         let reply: Vec<Value> = self.invoke(&invocation).await?;
         let mut items = reply.into_iter();
         match items.next() {
-            Some(Value::Int(CLAIMED)) => Ok(ClaimOutcome::Claimed),
+            Some(Value::Int(CLAIMED)) => {
+                let record = self.record_key(scope, key);
+                if let Err(error) = self.await_replicas(&record, "claim").await {
+                    // Not on enough replicas: give the key back rather than run the handler on
+                    // a claim a failover could forget (best effort; the lease bounds it).
+                    if let Err(release) = self.release(scope, key, token).await {
+                        tracing::debug!(error = %idempotency_core::ErrorChain(&release), "could not release an unacknowledged claim");
+                    }
+                    return Err(error);
+                }
+                Ok(ClaimOutcome::Claimed)
+            }
             Some(Value::Int(tag @ (IN_FLIGHT | COMPLETED))) => {
                 record_from_reply(items, tag).map(ClaimOutcome::Existing)
             }
@@ -193,13 +262,18 @@ impl IdempotencyStore for RedisStore {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let mut invocation = COMPLETE.key(self.record_key(scope, key));
+        let record = self.record_key(scope, key);
+        let mut invocation = COMPLETE.key(&record);
         invocation
             .arg(&token.as_bytes()[..])
             .arg(&response.encode()[..])
             .arg(millis(retention));
         let applied: u64 = self.invoke(&invocation).await?;
-        Ok(FenceOutcome::from_count(applied))
+        let outcome = FenceOutcome::from_count(applied);
+        if outcome == FenceOutcome::Applied {
+            self.await_replicas(&record, "completion").await?;
+        }
+        Ok(outcome)
     }
 
     async fn extend(

@@ -193,7 +193,14 @@ impl TempPostgres {
     pub fn promote(&self) -> io::Result<()> {
         self.pg(
             "pg_ctl",
-            &["-D", path_str(&self.data_dir())?, "-w", "-t", "60", "promote"],
+            &[
+                "-D",
+                path_str(&self.data_dir())?,
+                "-w",
+                "-t",
+                "60",
+                "promote",
+            ],
         )?;
         Ok(())
     }

@@ -1,0 +1,216 @@
+//! Losing data on one Redis node, and asynchronous replication: on a throwaway cluster every
+//! master's loss is noticed (each holds a sentinel); on a throwaway master and replica, a
+//! failover to a replica that had not received a claim loses it, unless the store waits for the
+//! replica's acknowledgement (`wait_for_replicas`).
+
+mod redis_store {
+    use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::{
+        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
+        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+    };
+    use idempotency_redis::RedisStore;
+    use idempotency_testkit::{TempRedis, TempRedisCluster};
+    use std::time::Duration;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn key(i: usize) -> IdempotencyKey {
+        IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque())
+            .expect("valid key")
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "done".into())
+    }
+
+    /// Runs one command on one node, outside the cluster protocol.
+    async fn on_node(url: &str, command: &[&str]) -> redis::Value {
+        let client = redis::Client::open(url).expect("a node URL");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the node");
+        let mut cmd = redis::cmd(command[0]);
+        for arg in &command[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query_async(&mut connection).await.expect("the command")
+    }
+
+    /// Each master of a three-master cluster loses its data in turn (`FLUSHALL` on that node
+    /// only, as a restart without persistence would): each loss is noticed and counted once.
+    /// With one sentinel for the whole cluster, two of the three went unnoticed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_loss_on_any_master_of_a_cluster_is_noticed() {
+        let cluster = TempRedisCluster::start()
+            .unwrap_or_else(|e| panic!("could not start a throwaway Redis Cluster: {e}"));
+        let store = RedisStore::cluster_builder(cluster.urls())
+            .key_prefix("idem-repl:")
+            .build()
+            .await
+            .expect("build on the cluster");
+        assert!(!store.check_state().await.expect("check"));
+        for (i, node) in cluster.urls().iter().enumerate() {
+            on_node(node, &["FLUSHALL"]).await;
+            assert!(
+                store.check_state().await.expect("check"),
+                "the loss on master {node} went unnoticed"
+            );
+            assert_eq!(store.state_losses(), i as u64 + 1, "counted once");
+            assert!(!store.check_state().await.expect("check again"));
+        }
+    }
+
+    /// A master and its replica, replicating.
+    async fn master_and_replica() -> (TempRedis, TempRedis) {
+        let master = TempRedis::start(&[])
+            .unwrap_or_else(|e| panic!("could not start a throwaway Redis: {e}"));
+        let port = master.port().to_string();
+        let replica = TempRedis::start(&["--replicaof", "127.0.0.1", &port])
+            .unwrap_or_else(|e| panic!("could not start a throwaway replica: {e}"));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = on_node(&replica.url(), &["INFO", "replication"]).await;
+            let text = redis::from_redis_value::<String>(info).expect("INFO text");
+            if text.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replica never synced: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (master, replica)
+    }
+
+    async fn claim_and_complete(store: &RedisStore, scope: &Scope, key: &IdempotencyKey) {
+        let token = LeaseToken::new();
+        let claimed = store.claim(scope, key, &fp(), token, HOUR).await;
+        assert_eq!(claimed.expect("claim"), ClaimOutcome::Claimed);
+        let completed = store.complete(scope, key, token, &response(), HOUR).await;
+        assert_eq!(completed.expect("complete"), FenceOutcome::Applied);
+    }
+
+    /// The replica loses its replication link, the master dies, the replica is promoted
+    /// (`REPLICAOF NO ONE`): without waiting, a claim the master accepted is gone after the
+    /// failover, and nothing notices (the sentinel was replicated long before), so a retry would
+    /// run the request again while the first still runs. With `wait_for_replicas(1, ..)`, that
+    /// claim is refused with a retryable error and released instead of running unreplicated, and
+    /// every completion acknowledged before is on the promoted replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failover_loses_unreplicated_claims_unless_the_store_waits() {
+        let (mut master, replica) = master_and_replica().await;
+        let plain = RedisStore::builder(master.url())
+            .key_prefix("idem-plain:")
+            .build()
+            .await
+            .expect("build without waiting");
+        let waiting = RedisStore::builder(master.url())
+            .key_prefix("idem-wait:")
+            .wait_for_replicas(1, Duration::from_millis(300))
+            .build()
+            .await
+            .expect("build waiting for one replica");
+        let scope = Scope::new("user-1").expect("scope");
+        // Acknowledged by the replica.
+        claim_and_complete(&waiting, &scope, &key(0)).await;
+
+        // The replica loses its link to the master (pointed at a port nothing listens on, it
+        // keeps its data and waits): what the master takes now, the replica never gets.
+        on_node(&replica.url(), &["REPLICAOF", "127.0.0.1", "1"]).await;
+        // The master takes the claim and answers at once; the replica never gets it.
+        let claimed = plain
+            .claim(&scope, &key(1), &fp(), LeaseToken::new(), HOUR)
+            .await;
+        assert_eq!(claimed.expect("claim"), ClaimOutcome::Claimed);
+        // Waiting: refused (retryable) after the timeout, and released on the master.
+        match waiting
+            .claim(&scope, &key(1), &fp(), LeaseToken::new(), HOUR)
+            .await
+        {
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                let message = idempotency_core::ErrorChain(&e).to_string();
+                assert!(message.contains("0 of 1 replicas"), "{message}");
+            }
+            Ok(outcome) => panic!("an unreplicated claim must be refused, got {outcome:?}"),
+        }
+        assert_eq!(waiting.get(&scope, &key(1)).await.expect("get"), None);
+
+        master.kill().expect("kill the master");
+        on_node(&replica.url(), &["REPLICAOF", "NO", "ONE"]).await;
+
+        let plain_after = RedisStore::builder(replica.url())
+            .key_prefix("idem-plain:")
+            .build()
+            .await
+            .expect("build on the promoted replica");
+        assert_eq!(
+            plain_after.get(&scope, &key(1)).await.expect("get"),
+            None,
+            "without waiting, the claim the master took is gone after the failover"
+        );
+        assert!(
+            !plain_after.check_state().await.expect("check"),
+            "and the sentinel cannot tell: it was replicated long before"
+        );
+        let waiting_after = RedisStore::builder(replica.url())
+            .key_prefix("idem-wait:")
+            .build()
+            .await
+            .expect("build on the promoted replica");
+        match waiting_after.get(&scope, &key(0)).await.expect("get") {
+            Some(record) => assert!(
+                matches!(
+                    record.state,
+                    idempotency_core::RecordState::Completed { .. }
+                ),
+                "{:?}",
+                record.state
+            ),
+            None => panic!("an acknowledged completion was lost in the failover"),
+        }
+    }
+
+    /// Waiting for more replicas than a master has, or with a timeout the response timeout
+    /// would cut, is refused when the store is built.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_impossible_wait_is_refused_at_build() {
+        let url = idempotency_testkit::env::redis_url();
+        for (replicas, timeout) in [(8, Duration::from_millis(100)), (1, Duration::from_secs(5))] {
+            match RedisStore::builder(&url)
+                .key_prefix("idem-wait-check:")
+                .wait_for_replicas(replicas, timeout)
+                .build()
+                .await
+            {
+                Err(e @ idempotency_redis::RedisStoreError::ReplicaWait(_)) => {
+                    eprintln!("{e}")
+                }
+                other => panic!("{replicas} replicas within {timeout:?}: got {other:?}"),
+            }
+        }
+    }
+
+    /// The whole conformance suite on a master whose store waits for its replica after every
+    /// claim and completion.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_suite_passes_waiting_for_a_replica() {
+        let (master, _replica) = master_and_replica().await;
+        let url = master.url();
+        idempotency_conformance::run_conformance!(async {
+            RedisStore::builder(&url)
+                .key_prefix(format!("idem-wait:{}:", uuid::Uuid::new_v4().simple()))
+                .wait_for_replicas(1, Duration::from_millis(500))
+                .build()
+                .await
+                .unwrap_or_else(|e| panic!("could not build the waiting store: {e}"))
+        });
+    }
+}
