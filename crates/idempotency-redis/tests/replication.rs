@@ -213,4 +213,107 @@ mod redis_store {
                 .unwrap_or_else(|e| panic!("could not build the waiting store: {e}"))
         });
     }
+
+    /// One line of `CLUSTER NODES`: port, node id, master id (`-` for masters), slot ranges.
+    struct NodeLine {
+        port: u16,
+        id: String,
+        master: String,
+        ranges: Vec<(u16, u16)>,
+    }
+
+    fn parse_nodes(text: &str) -> Vec<NodeLine> {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = fields[1]
+                    .split(['@', ','])
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())
+                    .expect("a node address");
+                let ranges = fields[8..]
+                    .iter()
+                    .filter(|f| !f.starts_with('['))
+                    .map(|f| match f.split_once('-') {
+                        Some((a, b)) => (a.parse().expect("slot"), b.parse().expect("slot")),
+                        None => {
+                            let slot = f.parse().expect("slot");
+                            (slot, slot)
+                        }
+                    })
+                    .collect();
+                NodeLine {
+                    port,
+                    id: fields[0].to_owned(),
+                    master: fields[3].to_owned(),
+                    ranges,
+                }
+            })
+            .collect()
+    }
+
+    /// On a cluster of three masters with a replica each, `WAIT` goes to the record's own
+    /// master: with one replica frozen, exactly the claims in its master's slots are refused,
+    /// and the others go on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_cluster_the_wait_goes_to_the_record_s_master() {
+        let cluster = TempRedisCluster::start_with_replicas()
+            .unwrap_or_else(|e| panic!("could not start a throwaway Redis Cluster: {e}"));
+        // Replicas sync after the cluster forms: build once they are in sync.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let store = loop {
+            match RedisStore::cluster_builder(cluster.urls())
+                .key_prefix("idem-cluster-wait:")
+                .wait_for_replicas(1, Duration::from_millis(300))
+                .build()
+                .await
+            {
+                Ok(store) => break store,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("not yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("the replicas never synced: {e}"),
+            }
+        };
+        let nodes = parse_nodes(&cluster.cluster_nodes().expect("CLUSTER NODES"));
+        let replica = nodes.iter().find(|n| n.master != "-").expect("a replica");
+        let master = nodes
+            .iter()
+            .find(|n| n.id == replica.master)
+            .expect("the replica's master");
+        let replica_index = cluster
+            .urls()
+            .iter()
+            .position(|u| u.ends_with(&format!(":{}", replica.port)))
+            .expect("the replica's node");
+        let scope = Scope::new("user-1").expect("scope");
+        cluster.pause(replica_index).expect("freeze the replica");
+        let (mut refused, mut taken) = (0, 0);
+        for i in 0..24 {
+            let name = store.record_key(&scope, &key(i));
+            let slot = match on_node(&cluster.urls()[0], &["CLUSTER", "KEYSLOT", &name]).await {
+                redis::Value::Int(slot) => slot as u16,
+                other => panic!("CLUSTER KEYSLOT answered {other:?}"),
+            };
+            let on_frozen = master.ranges.iter().any(|&(a, b)| (a..=b).contains(&slot));
+            let claimed = store
+                .claim(&scope, &key(i), &fp(), LeaseToken::new(), HOUR)
+                .await;
+            match (on_frozen, claimed) {
+                (true, Err(e)) => {
+                    assert!(e.is_retryable(), "{e}");
+                    refused += 1;
+                }
+                (false, Ok(ClaimOutcome::Claimed)) => taken += 1,
+                (on_frozen, other) => {
+                    panic!("key {i} (slot {slot}, frozen master: {on_frozen}): {other:?}")
+                }
+            }
+        }
+        cluster.resume(replica_index).expect("thaw the replica");
+        assert!(refused > 0 && taken > 0, "{refused} refused, {taken} taken");
+    }
 }

@@ -201,8 +201,17 @@ pub struct TempRedisCluster {
 impl TempRedisCluster {
     /// Starts three cluster-enabled servers, joins them, and waits for `cluster_state:ok`.
     pub fn start() -> io::Result<Self> {
+        Self::start_nodes(3, 0)
+    }
+
+    /// Three masters with one replica each (six servers).
+    pub fn start_with_replicas() -> io::Result<Self> {
+        Self::start_nodes(6, 1)
+    }
+
+    fn start_nodes(count: usize, replicas: usize) -> io::Result<Self> {
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..count {
             let bus = free_port()?.to_string();
             nodes.push(TempRedis::start(&[
                 "--cluster-enabled",
@@ -215,7 +224,7 @@ impl TempRedisCluster {
                 &bus,
             ])?);
         }
-        Self::join(nodes)
+        Self::join(nodes, replicas)
     }
 
     /// Three cluster-enabled servers that speak TLS only, their bus too (`--tls-cluster yes`),
@@ -241,10 +250,10 @@ impl TempRedisCluster {
                 ],
             )?);
         }
-        Self::join(nodes)
+        Self::join(nodes, 0)
     }
 
-    fn join(nodes: Vec<TempRedis>) -> io::Result<Self> {
+    fn join(nodes: Vec<TempRedis>, replicas: usize) -> io::Result<Self> {
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
@@ -256,7 +265,7 @@ impl TempRedisCluster {
         let out = create
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()?;
         if !out.status.success() {
@@ -278,6 +287,27 @@ impl TempRedisCluster {
             }
         }
         Ok(TempRedisCluster { nodes })
+    }
+
+    /// Freezes node `index` (SIGSTOP); see [`TempRedis::pause`].
+    pub fn pause(&self, index: usize) -> io::Result<()> {
+        self.node(index)?.pause()
+    }
+
+    /// Thaws node `index` (SIGCONT).
+    pub fn resume(&self, index: usize) -> io::Result<()> {
+        self.node(index)?.resume()
+    }
+
+    fn node(&self, index: usize) -> io::Result<&TempRedis> {
+        self.nodes
+            .get(index)
+            .ok_or_else(|| io::Error::other(format!("no node {index}")))
+    }
+
+    /// `CLUSTER NODES` as one node sees it.
+    pub fn cluster_nodes(&self) -> io::Result<String> {
+        self.node(0)?.cli(&["cluster", "nodes"])
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
