@@ -95,7 +95,7 @@ async fn redis_settings(servers: &Servers) -> Option<RedisSettings> {
     let info = store.server_info().await.ok()?;
     Some(RedisSettings {
         version: info.version,
-        save: info.save,
+        save: info.save.unwrap_or_else(|| "unknown".to_owned()),
         appendonly: if info.appendonly { "yes" } else { "no" }.to_owned(),
     })
 }

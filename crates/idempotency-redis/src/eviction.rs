@@ -23,7 +23,7 @@ pub(crate) fn policy_evicts(policy: &str) -> bool {
 
 /// `INFO <section>` of every node the command reaches: the one server, or each master of a
 /// cluster; as `(node, text)`.
-async fn info_per_node(
+pub(crate) async fn info_per_node(
     connection: &Connection,
     section: &str,
 ) -> Result<Vec<(String, String)>, RedisError> {
@@ -56,7 +56,7 @@ async fn info_per_node(
 }
 
 /// The value of `name:` in an `INFO` text.
-fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
         line.strip_prefix(name)
             .and_then(|rest| rest.strip_prefix(':'))

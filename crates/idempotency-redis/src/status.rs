@@ -1,12 +1,13 @@
 //! What the server looks like: persistence and eviction, for `idempotency check` and operators.
 
 use crate::error::redis_error;
+use crate::eviction;
 use crate::store::{Connection, RedisStore};
 use idempotency_core::StoreError;
 use std::fmt;
 
 /// The settings of the Redis server that decide whether records survive, read by
-/// [`RedisStore::server_info`] (on a cluster, from the node the client picks).
+/// [`RedisStore::server_info`] from `INFO` (on a cluster, from the first master that answers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
@@ -14,8 +15,9 @@ pub struct ServerInfo {
     pub version: String,
     /// `appendonly`: whether writes are logged to disk.
     pub appendonly: bool,
-    /// `save`: the snapshot schedule (empty: none).
-    pub save: String,
+    /// `save`: the snapshot schedule (empty: none); `None` where `CONFIG GET` is refused, as
+    /// on ElastiCache, which manages snapshots itself.
+    pub save: Option<String>,
     /// `maxmemory` in bytes (0: no limit).
     pub maxmemory: u64,
     /// `maxmemory-policy`.
@@ -38,7 +40,7 @@ impl ServerInfo {
                 self.maxmemory_policy
             ));
         }
-        if !self.appendonly && self.save.trim().is_empty() {
+        if !self.appendonly && self.save.as_deref().is_some_and(|s| s.trim().is_empty()) {
             problems.push(
                 "persistence is off (appendonly no, no save schedule): a restart forgets every \
                  key; set appendonly yes"
@@ -52,11 +54,14 @@ impl ServerInfo {
 impl fmt::Display for ServerInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "server: Redis {}", self.version)?;
+        let save = match &self.save {
+            Some(save) => format!("{save:?}"),
+            None => "unknown (CONFIG GET refused)".to_owned(),
+        };
         writeln!(
             f,
-            "persistence: appendonly {}, save {:?}",
+            "persistence: appendonly {}, save {save}",
             if self.appendonly { "yes" } else { "no" },
-            self.save
         )?;
         writeln!(
             f,
@@ -67,42 +72,39 @@ impl fmt::Display for ServerInfo {
 }
 
 impl RedisStore {
-    /// Reads the server's persistence and eviction settings (`INFO server`, `CONFIG GET`).
+    /// Reads the server's persistence and eviction settings from `INFO server`, `INFO
+    /// persistence` and `INFO memory`, which managed services (ElastiCache) allow; the snapshot
+    /// schedule only `CONFIG GET save` has, so it is `None` where `CONFIG` is refused.
     pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
-        async fn config<C: redis::aio::ConnectionLike>(
-            connection: &mut C,
-            name: &str,
-        ) -> Result<String, redis::RedisError> {
-            let pair: Vec<String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async(connection)
-                .await?;
-            Ok(pair.get(1).cloned().unwrap_or_default())
+        let first = |nodes: Vec<(String, String)>| nodes.into_iter().next().map(|(_, info)| info);
+        let connection = &self.inner.connection;
+        let mut info = String::new();
+        for section in ["server", "persistence", "memory"] {
+            let text = first(
+                eviction::info_per_node(connection, section)
+                    .await
+                    .map_err(redis_error)?,
+            )
+            .unwrap_or_default();
+            info.push_str(&text);
+            info.push('\n');
         }
-        async fn read<C: redis::aio::ConnectionLike>(
-            mut c: C,
-        ) -> Result<ServerInfo, redis::RedisError> {
-            let info: String = redis::cmd("INFO").arg("server").query_async(&mut c).await?;
-            let version = info
-                .lines()
-                .find_map(|l| l.strip_prefix("redis_version:"))
-                .unwrap_or("?")
-                .trim()
-                .to_owned();
-            Ok(ServerInfo {
-                version,
-                appendonly: config(&mut c, "appendonly").await? == "yes",
-                save: config(&mut c, "save").await?,
-                maxmemory: config(&mut c, "maxmemory").await?.parse().unwrap_or(0),
-                maxmemory_policy: config(&mut c, "maxmemory-policy").await?,
-            })
-        }
-        match &self.inner.connection {
-            Connection::Single(c) => read(c.clone()).await,
-            Connection::Cluster(c) => read(c.clone()).await,
-        }
-        .map_err(redis_error)
+        let value = |name: &str| eviction::field(&info, name).unwrap_or_default().to_owned();
+        let mut command = redis::cmd("CONFIG");
+        command.arg("GET").arg("save");
+        let save: Result<Vec<String>, _> = match connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
+        };
+        Ok(ServerInfo {
+            version: value("redis_version"),
+            appendonly: value("aof_enabled") == "1",
+            save: save
+                .ok()
+                .map(|pair| pair.get(1).cloned().unwrap_or_default()),
+            maxmemory: value("maxmemory").parse().unwrap_or(0),
+            maxmemory_policy: value("maxmemory_policy"),
+        })
     }
 }
 

@@ -184,4 +184,38 @@ mod redis {
         }
         assert_eq!(store.check_evictions().await.expect("INFO stats"), 0);
     }
+
+    /// A server with `CONFIG` disabled, as on ElastiCache: the store builds (its checks read
+    /// `INFO`), and `server_info` reads persistence and eviction from `INFO`, with the snapshot
+    /// schedule unknown rather than an error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_config_the_settings_come_from_info() {
+        let redis = TempRedis::start(&[
+            "--rename-command",
+            "CONFIG",
+            "",
+            "--appendonly",
+            "yes",
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "noeviction",
+        ])
+        .unwrap_or_else(|e| panic!("could not start a throwaway redis-server: {e}"));
+        let store = RedisStore::builder(redis.url())
+            .key_prefix("idem-noconfig:")
+            .build()
+            .await
+            .expect("build without CONFIG");
+        let info = store
+            .server_info()
+            .await
+            .expect("server info without CONFIG");
+        assert!(info.appendonly, "{info}");
+        assert_eq!(info.save, None, "{info}");
+        assert_eq!(info.maxmemory, 64 * 1024 * 1024, "{info}");
+        assert_eq!(info.maxmemory_policy, "noeviction", "{info}");
+        assert!(info.problems().is_empty(), "{:?}", info.problems());
+        assert!(!info.version.is_empty());
+    }
 }
