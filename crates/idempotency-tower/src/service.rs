@@ -286,7 +286,7 @@ where
 
     let span = tracing::info_span!(
         "idempotency",
-        key = %key_hash(&scope, &key),
+        key = %KeyHash(&scope, &key),
         method = %parts.method,
         route = %route,
         outcome = tracing::field::Empty,
@@ -463,16 +463,22 @@ fn original_uri(parts: &Parts) -> &http::Uri {
     &parts.uri
 }
 
-/// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself.
-fn key_hash(scope: &Scope, key: &IdempotencyKey) -> String {
-    let mut h = Sha256::new();
-    h.update(scope.as_str().as_bytes());
-    h.update([0]);
-    h.update(key.as_str().as_bytes());
-    h.finalize()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself. Hashed
+/// when it is formatted, so a span that is never recorded costs nothing (tracing evaluates a
+/// disabled span's fields when its `log` feature is on, which sqlx and tower turn on).
+struct KeyHash<'a>(&'a Scope, &'a IdempotencyKey);
+
+impl std::fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut h = Sha256::new();
+        h.update(self.0.as_str().as_bytes());
+        h.update([0]);
+        h.update(self.1.as_str().as_bytes());
+        for byte in &h.finalize()[..6] {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The stored response, byte for byte, marked as a replay.
@@ -491,4 +497,25 @@ fn replay(stored: StoredResponse, marker: &http::HeaderName) -> Response<Idempot
         );
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyHash;
+    use idempotency_core::{IdempotencyKey, KeyFormat, Scope};
+
+    #[test]
+    fn the_key_hash_is_short_stable_and_scoped() {
+        let key = IdempotencyKey::parse(b"order-1", KeyFormat::opaque()).expect("key");
+        let (alice, bob) = (
+            Scope::new("alice").expect("scope"),
+            Scope::new("bob").expect("scope"),
+        );
+        let text = KeyHash(&alice, &key).to_string();
+        assert_eq!(text.len(), 12);
+        assert!(text.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(text, KeyHash(&alice, &key).to_string());
+        assert_ne!(text, KeyHash(&bob, &key).to_string());
+        assert!(!text.contains("order"));
+    }
 }
