@@ -124,6 +124,18 @@ pub(crate) fn query_error(e: tokio_postgres::Error) -> StoreError {
     StoreError::from_failure(BACKEND, is_transient(&e), e)
 }
 
+/// A setup statement's error (the sentinel check) as a store error, retryable as the
+/// underlying driver error is.
+pub(crate) fn setup_error(e: PostgresStoreError) -> StoreError {
+    match e {
+        PostgresStoreError::Query(e) => query_error(e),
+        PostgresStoreError::Pool(e) => pool_error(e),
+        #[cfg(feature = "sqlx")]
+        PostgresStoreError::Sqlx(e) => crate::sqlx_store::sqlx_error(e),
+        other => StoreError::from_failure(BACKEND, false, other),
+    }
+}
+
 pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     use deadpool_postgres::PoolError;
     match e {

@@ -1,6 +1,6 @@
 //! The store: its shared state, its accessors, and the six primitives.
 
-use crate::error::{BACKEND, pool_error, query_error};
+use crate::error::{BACKEND, pool_error, query_error, setup_error};
 use crate::schema::{Sql, TableMode};
 use crate::session::TokioSession;
 use crate::table::{RecordColumns, Table, corrupt_field};
@@ -88,7 +88,7 @@ impl PostgresStore {
             .watch
             .check(&mut TokioSession(&**client))
             .await
-            .map_err(|e| StoreError::from_failure(BACKEND, true, e))
+            .map_err(setup_error)
     }
 
     /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).

@@ -191,4 +191,32 @@ mod postgres {
         assert_eq!(after.state_losses(), 1, "the crash's loss is noticed");
         assert_eq!(after.get(&scope, &key(0)).await.expect("get"), None);
     }
+
+    /// Checking the state of a table that was never migrated is an error that says so and is
+    /// not retryable, on both flavours (retrying would not create the table).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checking_a_missing_table_is_not_retryable() {
+        let schema = TestSchema::new("idem_sqlx");
+        let sqlx = SqlxPostgresStore::builder(pool(schema.url()).await)
+            .schema(schema.name())
+            .build()
+            .await
+            .expect("build");
+        let tokio = PostgresStore::builder(schema.url())
+            .schema(schema.name())
+            .pool_size(1)
+            .build()
+            .await
+            .expect("build");
+        for (flavour, result) in [
+            ("sqlx", sqlx.check_state().await),
+            ("tokio-postgres", tokio.check_state().await),
+        ] {
+            match result {
+                Err(e) => assert!(!e.is_retryable(), "{flavour}: {e}"),
+                Ok(lost) => panic!("{flavour}: a missing table was checked: {lost}"),
+            }
+        }
+        schema.drop().await;
+    }
 }

@@ -12,5 +12,6 @@ mod store;
 mod transaction;
 
 pub use builder::SqlxPostgresStoreBuilder;
+pub(crate) use session::sqlx_error;
 pub use store::SqlxPostgresStore;
 pub use transaction::SqlxTransaction;

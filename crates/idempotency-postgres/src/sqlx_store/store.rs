@@ -2,7 +2,7 @@
 //! (the same text as the tokio-postgres flavour's).
 
 use super::session::{SqlxSession, sqlx_error};
-use crate::error::{BACKEND, PostgresStoreError};
+use crate::error::{BACKEND, PostgresStoreError, setup_error};
 use crate::schema::{Sql, TableMode};
 use crate::store::StatementsSql;
 use crate::table::{RecordColumns, Table, corrupt_field};
@@ -104,7 +104,7 @@ impl SqlxPostgresStore {
             .watch
             .check(&mut SqlxSession(&mut connection))
             .await
-            .map_err(|e| StoreError::from_failure(BACKEND, true, e))
+            .map_err(setup_error)
     }
 
     /// How many times this store found its table emptied (see
