@@ -227,7 +227,8 @@ impl IdempotencyStore for RedisStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let mut invocation = CLAIM.key(self.record_key(scope, key));
+        let record = self.record_key(scope, key);
+        let mut invocation = CLAIM.key(&record);
         invocation
             .arg(&fingerprint.to_bytes()[..])
             .arg(&token.as_bytes()[..])
@@ -236,7 +237,6 @@ impl IdempotencyStore for RedisStore {
         let mut items = reply.into_iter();
         match items.next() {
             Some(Value::Int(CLAIMED)) => {
-                let record = self.record_key(scope, key);
                 if let Err(error) = self.await_replicas(&record, "claim").await {
                     // Not on enough replicas: give the key back rather than run the handler on
                     // a claim a failover could forget (best effort; the lease bounds it).
