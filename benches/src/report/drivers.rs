@@ -2,11 +2,11 @@
 //! (`SqlxPostgresStore`), each as the library and as the same statements sent with the driver
 //! directly, and a transactional request on each; one client, interleaved rounds, UNLOGGED.
 
+use super::measure::claim_complete;
 use fmt::Write as _;
 use idempotency::postgres::tokio_postgres;
 use idempotency::{
-    CommitOutcome, FenceOutcome, IdempotencyStore, LeaseToken, PostgresStore, SqlxPostgresStore,
-    StoredResponse,
+    CommitOutcome, IdempotencyStore, LeaseToken, PostgresStore, SqlxPostgresStore, StoredResponse,
 };
 use idempotency_bench::{
     LEASE, RETENTION, Servers, bench_fingerprint, bench_response, bench_scope, err, fresh_key,
@@ -154,23 +154,6 @@ async fn open(servers: &Servers) -> Result<Stores, String> {
     })
 }
 
-/// Claim and complete of a fresh key, through the library.
-async fn library(store: &dyn IdempotencyStore, response: &StoredResponse) -> Result<(), String> {
-    let (scope, key, token) = (bench_scope(), fresh_key(), LeaseToken::new());
-    store
-        .claim(&scope, &key, &bench_fingerprint(), token, LEASE)
-        .await
-        .map_err(err)?;
-    match store
-        .complete(&scope, &key, token, response, RETENTION)
-        .await
-        .map_err(err)?
-    {
-        FenceOutcome::Applied => Ok(()),
-        FenceOutcome::Stale => Err("a fresh claim's completion was refused".into()),
-    }
-}
-
 /// Claim, open the request's transaction, complete and commit in it.
 async fn transactional(
     store: &dyn IdempotencyStore,
@@ -235,7 +218,7 @@ pub(crate) async fn measure(
     ops: usize,
 ) -> Result<Vec<DriverRow>, String> {
     let mut stores = open(servers).await?;
-    let response = bench_response();
+    let (scope, fp, response) = (bench_scope(), bench_fingerprint(), bench_response());
     let encoded = response.encode();
     let n = Side::ALL.len();
     let (mut medians, mut to_raw, mut to_tokio) = (
@@ -259,10 +242,16 @@ pub(crate) async fn measure(
                         pg_claim_complete(client, claim, complete, fresh_key().as_str(), &encoded)
                             .await?
                     }
-                    Side::TokioLibrary => library(&stores.tokio, &response).await?,
+                    Side::TokioLibrary => {
+                        claim_complete(&stores.tokio, &scope, &fp, &response).await?
+                    }
                     Side::SqlxRaw => sqlx_raw(&mut stores.sqlx_raw, &stores.sqlx, &encoded).await?,
-                    Side::SqlxLibrary => library(&stores.sqlx, &response).await?,
-                    Side::SqlxLibraryNoPing => library(&stores.sqlx_no_ping, &response).await?,
+                    Side::SqlxLibrary => {
+                        claim_complete(&stores.sqlx, &scope, &fp, &response).await?
+                    }
+                    Side::SqlxLibraryNoPing => {
+                        claim_complete(&stores.sqlx_no_ping, &scope, &fp, &response).await?
+                    }
                     Side::TokioTransactional => transactional(&stores.tokio, &response).await?,
                     Side::SqlxTransactional => transactional(&stores.sqlx, &response).await?,
                     Side::SqlxTransactionalNoPing => {

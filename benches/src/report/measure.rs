@@ -417,7 +417,7 @@ pub(crate) async fn tier_replay(
 }
 
 /// One claim and one complete of a fresh key through the library.
-async fn claim_complete(
+pub(crate) async fn claim_complete(
     store: &dyn IdempotencyStore,
     scope: &Scope,
     fp: &Fingerprint,

@@ -2,11 +2,10 @@
 //! replica, through a store that does not wait and one that waits for the replica after each
 //! claim and completion (`wait_for_replicas(1, ..)`), interleaved at one client.
 
+use super::measure::claim_complete;
 use fmt::Write as _;
-use idempotency::{FenceOutcome, IdempotencyStore, LeaseToken, RedisStore};
-use idempotency_bench::{
-    LEASE, RETENTION, bench_fingerprint, bench_response, bench_scope, err, fresh_key, median,
-};
+use idempotency::RedisStore;
+use idempotency_bench::{bench_fingerprint, bench_response, bench_scope, err, median};
 use idempotency_testkit::TempRedis;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -20,22 +19,6 @@ pub(crate) struct ReplicaWaitCost {
     pub(crate) waiting_us: f64,
     /// Median over rounds of waiting / plain.
     pub(crate) ratio: f64,
-}
-
-async fn claim_complete(store: &RedisStore) -> Result<(), String> {
-    let (scope, key, token) = (bench_scope(), fresh_key(), LeaseToken::new());
-    store
-        .claim(&scope, &key, &bench_fingerprint(), token, LEASE)
-        .await
-        .map_err(err)?;
-    match store
-        .complete(&scope, &key, token, &bench_response(), RETENTION)
-        .await
-        .map_err(err)?
-    {
-        FenceOutcome::Applied => Ok(()),
-        FenceOutcome::Stale => Err("a fresh claim's completion was refused".into()),
-    }
 }
 
 /// Starts a master and a replica, waits for the link, and measures.
@@ -67,6 +50,7 @@ pub(crate) async fn measure(rounds: usize, ops: usize) -> Result<ReplicaWaitCost
             Err(e) => return Err(format!("the replica never connected: {}", err(e))),
         }
     };
+    let (scope, fp, response) = (bench_scope(), bench_fingerprint(), bench_response());
     let (mut plain_medians, mut waiting_medians, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let mut per_side = [0.0f64; 2];
@@ -76,7 +60,7 @@ pub(crate) async fn measure(rounds: usize, ops: usize) -> Result<ReplicaWaitCost
             let mut times = Vec::with_capacity(ops);
             for _ in 0..ops {
                 let t = Instant::now();
-                claim_complete(store).await?;
+                claim_complete(store, &scope, &fp, &response).await?;
                 times.push(t.elapsed().as_secs_f64() * 1e6);
             }
             per_side[side] = median(&mut times);
