@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// What one cache entry costs beyond its id and encoded response, in bytes: the record itself
-/// and its `Arc`, moka's entry (key `Arc`, value entry, access-order and timer-wheel nodes,
-/// hash-table bucket, pending write operation) and the allocator's headers on each. Measured on
+/// What one cache entry costs beyond its id and encoded response, in bytes: the record itself,
+/// moka's entry (key `Arc`, value entry, access-order and timer-wheel nodes, hash-table bucket,
+/// pending write operation) and the allocator's headers on each. Measured on
 /// x86-64 Linux with glibc by `tests/memory_bound.rs` (resident memory of a full store over the
 /// bytes counted).
 pub(crate) const ENTRY_OVERHEAD: usize = 600;
@@ -34,8 +34,9 @@ pub enum WhenFull {
     RefuseNewClaims,
 }
 
-/// A completed record.
-#[derive(Debug)]
+/// A completed record. Cloned out of the cache on a read: a reference count and a few words
+/// (moka keeps each value behind its own reference-counted pointer already).
+#[derive(Clone, Debug)]
 pub(crate) struct Completed {
     pub(crate) fingerprint: Fingerprint,
     /// The response in the stores' one encoding: compact, and its size is what it costs.
@@ -68,11 +69,11 @@ impl Completed {
 
 struct CompletedExpiry;
 
-impl moka::Expiry<RecordId, Arc<Completed>> for CompletedExpiry {
+impl moka::Expiry<RecordId, Completed> for CompletedExpiry {
     fn expire_after_create(
         &self,
         _key: &RecordId,
-        value: &Arc<Completed>,
+        value: &Completed,
         created_at: Instant,
     ) -> Option<Duration> {
         Some(value.expires_at.saturating_duration_since(created_at))
@@ -81,7 +82,7 @@ impl moka::Expiry<RecordId, Arc<Completed>> for CompletedExpiry {
     fn expire_after_update(
         &self,
         _key: &RecordId,
-        value: &Arc<Completed>,
+        value: &Completed,
         updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
@@ -91,7 +92,7 @@ impl moka::Expiry<RecordId, Arc<Completed>> for CompletedExpiry {
 
 /// The cache and its accounting.
 pub(crate) struct CompletedRecords {
-    cache: moka::sync::Cache<RecordId, Arc<Completed>, CarriedHash>,
+    cache: moka::sync::Cache<RecordId, Completed, CarriedHash>,
     /// Bytes of the entries in the cache, by [`Completed::weight`], kept by this store (moka's own
     /// figure is only exact after its maintenance runs).
     bytes: Arc<AtomicU64>,
@@ -111,11 +112,11 @@ impl CompletedRecords {
         let expected = (max_bytes / (ENTRY_OVERHEAD as u64 + 128)).min(1 << 20);
         let mut builder = moka::sync::Cache::builder()
             .initial_capacity(usize::try_from(expected).unwrap_or(1 << 20))
-            .weigher(|id: &RecordId, record: &Arc<Completed>| {
+            .weigher(|id: &RecordId, record: &Completed| {
                 u32::try_from(Completed::weight(id, record)).unwrap_or(u32::MAX)
             })
             .expire_after(CompletedExpiry)
-            .eviction_listener(move |id: Arc<RecordId>, record: Arc<Completed>, cause| {
+            .eviction_listener(move |id: Arc<RecordId>, record: Completed, cause| {
                 listener_bytes.fetch_sub(Completed::weight(&id, &record), Ordering::Relaxed);
                 if cause == RemovalCause::Size {
                     listener_evicted.fetch_add(1, Ordering::Relaxed);
@@ -136,7 +137,7 @@ impl CompletedRecords {
         }
     }
 
-    pub(crate) fn get(&self, id: &[u8]) -> Option<Arc<Completed>> {
+    pub(crate) fn get(&self, id: &[u8]) -> Option<Completed> {
         self.cache.get(id)
     }
 
@@ -144,7 +145,7 @@ impl CompletedRecords {
     pub(crate) fn insert(&self, id: RecordId, record: Completed) {
         self.bytes
             .fetch_add(Completed::weight(&id, &record), Ordering::Relaxed);
-        self.cache.insert(id, Arc::new(record));
+        self.cache.insert(id, record);
     }
 
     /// Whether a new claim must be refused because the records fill the bound.

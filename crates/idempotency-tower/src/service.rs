@@ -139,11 +139,11 @@ impl Outcome {
 
     /// Counts the outcome (with the route axum matched, or "") and records it on the current
     /// span.
-    fn record(self, route: &str) {
+    fn record(self, route: &Route) {
         metrics::counter!(
             "idempotency_requests_total",
             "outcome" => self.label(),
-            "route" => route.to_owned()
+            "route" => route.as_str().to_owned()
         )
         .increment(1);
         tracing::Span::current().record("outcome", self.label());
@@ -156,7 +156,7 @@ struct Refused(Problem, Outcome);
 /// Answers `problem` and records `outcome`.
 fn refuse<S>(
     shared: &Shared<S>,
-    route: &str,
+    route: &Route,
     Refused(problem, outcome): Refused,
 ) -> Response<IdempotencyBody> {
     outcome.record(route);
@@ -254,7 +254,7 @@ where
             .await?;
         return Ok(response.map(boxed));
     }
-    let route = route_of(&parts);
+    let route = Route::of(&parts);
     let key = match read_key(&parts, &shared) {
         Ok(Some(key)) => key,
         Ok(None) => {
@@ -340,7 +340,7 @@ async fn run_once<Inner, S, ResB>(
     shared: Arc<Shared<S>>,
     guard: Guard<S>,
     mut request: Request<RequestBody>,
-    route: String,
+    route: Route,
 ) -> Result<Response<IdempotencyBody>, Inner::Error>
 where
     Inner: Service<Request<RequestBody>, Response = Response<ResB>> + Send + 'static,
@@ -443,14 +443,39 @@ fn opted_out(parts: &http::response::Parts) -> bool {
             .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
 }
 
-/// The route axum matched (`/tasks/{id}`), for metrics and spans; "" elsewhere.
-fn route_of(parts: &Parts) -> String {
+/// The route axum matched (`/tasks/{id}`), for metrics and spans; "" elsewhere. Cloning it
+/// copies no text (axum keeps the matched path in an `Arc`).
+#[derive(Clone)]
+struct Route {
     #[cfg(feature = "axum")]
-    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str().to_owned();
+    matched: Option<axum::extract::MatchedPath>,
+}
+
+impl Route {
+    fn of(parts: &Parts) -> Route {
+        let _ = parts;
+        Route {
+            #[cfg(feature = "axum")]
+            matched: parts
+                .extensions
+                .get::<axum::extract::MatchedPath>()
+                .cloned(),
+        }
     }
-    let _ = parts;
-    String::new()
+
+    fn as_str(&self) -> &str {
+        #[cfg(feature = "axum")]
+        if let Some(matched) = &self.matched {
+            return matched.as_str();
+        }
+        ""
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The URI the client sent: under axum's `nest`, the request's own URI has the prefix stripped,

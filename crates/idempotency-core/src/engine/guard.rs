@@ -54,6 +54,32 @@ pub enum RollbackCause {
 }
 
 impl Completion {
+    /// Counts this completion in `idempotency_completions_total{result}`: literal labels, so
+    /// the key is a static (no allocation, no hashing per request).
+    fn count(self) {
+        let counter = match self {
+            Completion::Stored => {
+                metrics::counter!("idempotency_completions_total", "result" => "stored")
+            }
+            Completion::Released => {
+                metrics::counter!("idempotency_completions_total", "result" => "released")
+            }
+            Completion::Stale => {
+                metrics::counter!("idempotency_completions_total", "result" => "stale")
+            }
+            Completion::Deferred => {
+                metrics::counter!("idempotency_completions_total", "result" => "deferred")
+            }
+            Completion::RolledBack(_) => {
+                metrics::counter!("idempotency_completions_total", "result" => "rolled_back")
+            }
+            Completion::TransactionMisused => {
+                metrics::counter!("idempotency_completions_total", "result" => "transaction_misused")
+            }
+        };
+        counter.increment(1);
+    }
+
     /// The label of this outcome in `idempotency_completions_total{result}`.
     pub fn label(self) -> &'static str {
         match self {
@@ -347,8 +373,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     fn finish(mut self, completion: Completion) -> Completion {
         self.holding = false;
         self.lease.finish();
-        metrics::counter!("idempotency_completions_total", "result" => completion.label())
-            .increment(1);
+        completion.count();
         completion
     }
 }
@@ -385,5 +410,40 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
             },
             &runtime,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Completion, RollbackCause};
+    use metrics_util::debugging::DebuggingRecorder;
+
+    #[test]
+    fn each_completion_is_counted_under_its_label() {
+        let all = [
+            Completion::Stored,
+            Completion::Released,
+            Completion::Stale,
+            Completion::Deferred,
+            Completion::RolledBack(RollbackCause::Store),
+            Completion::TransactionMisused,
+        ];
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || all.iter().for_each(|c| c.count()));
+        let mut counted: Vec<String> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, ..)| {
+                let key = key.key();
+                assert_eq!(key.name(), "idempotency_completions_total");
+                key.labels().map(|l| l.value().to_owned()).collect()
+            })
+            .collect();
+        counted.sort();
+        let mut labels: Vec<String> = all.iter().map(|c| c.label().to_owned()).collect();
+        labels.sort();
+        assert_eq!(counted, labels);
     }
 }

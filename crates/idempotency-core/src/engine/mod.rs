@@ -14,6 +14,7 @@ mod heartbeat;
 mod lease;
 mod opener;
 mod retry;
+mod store_metrics;
 
 pub use config::{EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause};
@@ -90,6 +91,8 @@ pub(crate) struct Shared<S> {
     pub(crate) tasks: TaskTracker,
     /// Requests waiting for their first heartbeat.
     pub(crate) heartbeats: Arc<heartbeat::Schedule>,
+    /// The keys of the store-call metrics.
+    metrics: store_metrics::StoreMetrics,
 }
 
 impl<S> Drop for Shared<S> {
@@ -129,6 +132,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         Engine {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
+                metrics: store_metrics::StoreMetrics::new(store.backend()),
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -321,12 +325,9 @@ impl<S: IdempotencyStore> Shared<S> {
                 timeout: self.config.store_timeout,
             }),
         };
-        let op = op.name();
-        metrics::histogram!("idempotency_store_duration_seconds", "backend" => backend, "op" => op)
-            .record(started.elapsed().as_secs_f64());
+        self.metrics.duration(op, started.elapsed().as_secs_f64());
         if result.is_err() {
-            metrics::counter!("idempotency_store_errors_total", "backend" => backend, "op" => op)
-                .increment(1);
+            self.metrics.error(op);
         }
         result
     }

@@ -25,6 +25,17 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Every step, in the order of their discriminants.
+    pub(crate) const ALL: [Op; 7] = [
+        Op::Claim,
+        Op::Complete,
+        Op::Extend,
+        Op::Release,
+        Op::Begin,
+        Op::Commit,
+        Op::Rollback,
+    ];
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Claim => "claim",

@@ -1,0 +1,99 @@
+//! The store-call metrics of one engine, with their keys built once.
+//!
+//! `metrics::histogram!` with label values that are not literals builds its key on every call:
+//! a vector of labels (one allocation) and a hash. The engine's labels (`backend`, `op`) are
+//! fixed for its life, so the keys are built when the engine is, and each call only asks the
+//! recorder installed at that moment for the metric (nothing is cached but the key: a recorder
+//! installed later, or a thread-local one in a test, still gets every value).
+
+use super::retry::Op;
+use metrics::{Key, Label, Level, Metadata};
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+const DURATION: &str = "idempotency_store_duration_seconds";
+const ERRORS: &str = "idempotency_store_errors_total";
+
+/// The keys of `idempotency_store_duration_seconds` and `idempotency_store_errors_total` for
+/// each store step of one backend.
+pub(crate) struct StoreMetrics {
+    duration: [Key; Op::ALL.len()],
+    errors: [Key; Op::ALL.len()],
+}
+
+impl StoreMetrics {
+    /// The keys for a store named `backend`.
+    pub(crate) fn new(backend: &'static str) -> Self {
+        let key = |name: &'static str, op: Op| {
+            Key::from_parts(
+                name,
+                vec![Label::new("backend", backend), Label::new("op", op.name())],
+            )
+        };
+        StoreMetrics {
+            duration: Op::ALL.map(|op| key(DURATION, op)),
+            errors: Op::ALL.map(|op| key(ERRORS, op)),
+        }
+    }
+
+    /// Records how long a call of `op` took.
+    pub(crate) fn duration(&self, op: Op, seconds: f64) {
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_histogram(&self.duration[op as usize], &METADATA)
+                .record(seconds)
+        });
+    }
+
+    /// Counts a failed call of `op`.
+    pub(crate) fn error(&self, op: Op) {
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&self.errors[op as usize], &METADATA)
+                .increment(1)
+        });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn every_op_has_its_own_keys_with_backend_and_op_labels() {
+        let metrics = StoreMetrics::new("memory");
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            for op in Op::ALL {
+                metrics.duration(op, 0.5);
+            }
+            metrics.error(Op::Complete);
+        });
+        let mut seen = Vec::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let count = match value {
+                DebugValue::Counter(n) => n as usize,
+                DebugValue::Histogram(values) => values.len(),
+                DebugValue::Gauge(_) => 0,
+            };
+            seen.push(format!("{}{{{}}} {count}", key.name(), labels.join(",")));
+        }
+        seen.sort();
+        let mut expected: Vec<String> = Op::ALL
+            .iter()
+            .map(|op| format!("{DURATION}{{backend=memory,op={}}} 1", op.name()))
+            .collect();
+        expected.push(format!("{ERRORS}{{backend=memory,op=complete}} 1"));
+        expected.sort();
+        assert_eq!(seen, expected);
+    }
+}
