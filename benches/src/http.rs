@@ -16,7 +16,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idempotency::{IdempotencyLayer, MemoryStore};
+use idempotency::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyLayer, IdempotencyStore,
+    LeaseToken, MemoryStore, Record, Scope, StoreError, StoredResponse,
+};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -27,8 +30,81 @@ use std::time::{Duration, Instant};
 pub enum Variant {
     /// The task API alone.
     Plain,
-    /// The task API with the idempotency layer (memory store) on the POST route.
-    Layer,
+    /// The task API with the idempotency layer on the POST route, on the given store.
+    Layer(LayerStore),
+}
+
+/// The store behind the layer in [`Variant::Layer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LayerStore {
+    /// `MemoryStore::default()`: what the target and the report measure.
+    #[default]
+    Memory,
+    /// A store that keeps nothing (`NullStore`): every claim is granted and every completion
+    /// accepted, so the figure is the layer's and the engine's own cost, without a store's.
+    Null,
+}
+
+/// A store that keeps nothing: every claim is granted, every completion, extension and
+/// release accepted, no record is ever found. Not idempotent at all; it exists to measure what
+/// the layer and the engine cost by themselves.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NullStore;
+
+#[async_trait::async_trait]
+impl IdempotencyStore for NullStore {
+    fn backend(&self) -> &'static str {
+        "null"
+    }
+
+    async fn claim(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: &Fingerprint,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        Ok(ClaimOutcome::Claimed)
+    }
+
+    async fn complete(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+
+    async fn extend(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+
+    async fn release(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+
+    async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        Ok(None)
+    }
+
+    async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
+        Ok(0)
+    }
 }
 
 /// What a round sends.
@@ -75,31 +151,36 @@ async fn create_task(
     )
 }
 
-/// The task API; with `layer`, behind the idempotency layer on the memory store, scoped by the
-/// `x-user` header.
-pub fn tasks_app(layer: bool) -> Router {
+/// The task API; with a `layer` store, behind the idempotency layer on that store, scoped by
+/// the `x-user` header.
+pub fn tasks_app(layer: Option<LayerStore>) -> Router {
+    fn scope(parts: &axum::http::request::Parts) -> Option<Scope> {
+        parts
+            .headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|u| Scope::new(u).ok())
+    }
     let tasks: Tasks = Arc::default();
     let route = post(create_task);
-    let route = if layer {
-        route.layer(
+    let route = match layer {
+        None => route,
+        Some(LayerStore::Memory) => route.layer(
             IdempotencyLayer::builder(MemoryStore::default())
-                .scope_with(|parts| {
-                    parts
-                        .headers
-                        .get("x-user")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|u| idempotency::Scope::new(u).ok())
-                })
+                .scope_with(scope)
                 .build(),
-        )
-    } else {
-        route
+        ),
+        Some(LayerStore::Null) => route.layer(
+            IdempotencyLayer::builder(NullStore)
+                .scope_with(scope)
+                .build(),
+        ),
     };
     Router::new().route("/tasks", route).with_state(tasks)
 }
 
 /// Serves [`tasks_app`] on `listen` and prints `listening on <addr>` once bound.
-pub async fn serve(listen: SocketAddr, layer: bool) -> std::io::Result<()> {
+pub async fn serve(listen: SocketAddr, layer: Option<LayerStore>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
     axum::serve(listener, tasks_app(layer)).await
@@ -118,8 +199,14 @@ impl ServerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut command = tokio::process::Command::new(binary);
         command.args(["serve-tasks", "--listen", "127.0.0.1:0"]);
-        if variant == Variant::Layer {
-            command.arg("--layer");
+        match variant {
+            Variant::Plain => {}
+            Variant::Layer(LayerStore::Memory) => {
+                command.args(["--layer", "memory"]);
+            }
+            Variant::Layer(LayerStore::Null) => {
+                command.args(["--layer", "null"]);
+            }
         }
         let mut child = command
             .stdout(std::process::Stdio::piped())
@@ -271,18 +358,24 @@ pub struct HttpCompare {
     pub layer_cpu: Option<Duration>,
 }
 
-/// Starts both servers (this executable's `serve-tasks`, with and without the layer) and
-/// compares them on fresh keys, then on replays.
+/// Starts both servers (this executable's `serve-tasks`, with and without the layer on `store`)
+/// and compares them on fresh keys, then on replays (fresh keys only on [`LayerStore::Null`],
+/// which never replays).
 pub async fn compare_workloads(
     connections: usize,
     rounds: usize,
     length: Duration,
+    store: LayerStore,
 ) -> Result<Vec<HttpCompare>, String> {
     let binary = std::env::current_exe().map_err(|e| e.to_string())?;
     let plain = ServerProcess::start(&binary, Variant::Plain).await?;
-    let layer = ServerProcess::start(&binary, Variant::Layer).await?;
+    let layer = ServerProcess::start(&binary, Variant::Layer(store)).await?;
+    let workloads: &[Workload] = match store {
+        LayerStore::Memory => &[Workload::FreshKeys, Workload::Replay],
+        LayerStore::Null => &[Workload::FreshKeys],
+    };
     let mut compares = Vec::new();
-    for workload in [Workload::FreshKeys, Workload::Replay] {
+    for &workload in workloads {
         compares.push(compare(&plain, &layer, workload, connections, rounds, length).await?);
     }
     Ok(compares)

@@ -55,6 +55,10 @@ struct HttpArgs {
     /// Length of a round, in seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// The store behind the layer: `memory` (the target's), or `null`, a store that keeps
+    /// nothing, to see the layer's own cost.
+    #[arg(long, value_enum, default_value_t = http::LayerStore::Memory)]
+    store: http::LayerStore,
 }
 
 /// Settings of the purge-at-scale run.
@@ -88,9 +92,9 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: std::net::SocketAddr,
-    /// With the idempotency layer on the POST route.
-    #[arg(long)]
-    layer: bool,
+    /// With the idempotency layer on the POST route, on this store.
+    #[arg(long, value_enum)]
+    layer: Option<http::LayerStore>,
 }
 
 /// Settings of a load run.
@@ -225,7 +229,8 @@ async fn http(args: HttpArgs) -> std::process::ExitCode {
 
 async fn http_rows(args: &HttpArgs) -> Result<(), String> {
     let length = std::time::Duration::try_from_secs_f64(args.seconds).map_err(|e| e.to_string())?;
-    let compares = http::compare_workloads(args.connections, args.rounds, length).await?;
+    let compares =
+        http::compare_workloads(args.connections, args.rounds, length, args.store).await?;
     print!("{}", http::markdown_table(&compares));
     Ok(())
 }

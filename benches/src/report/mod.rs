@@ -327,7 +327,13 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         Vec::new()
     } else {
         let length = std::time::Duration::try_from_secs_f64(args.http_seconds).map_err(err)?;
-        http::compare_workloads(args.http_connections, args.http_rounds, length).await?
+        http::compare_workloads(
+            args.http_connections,
+            args.http_rounds,
+            length,
+            http::LayerStore::Memory,
+        )
+        .await?
     };
     progress.inc(1);
 
