@@ -4,7 +4,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
 use http_body::{Body, Frame};
 use http_body_util::{
-    BodyExt, BodyStream, Full, LengthLimitError, Limited, StreamBody, combinators::UnsyncBoxBody,
+    BodyExt, BodyStream, Full, LengthLimitError, StreamBody, combinators::UnsyncBoxBody,
 };
 
 pub use idempotency_core::BoxError;
@@ -109,25 +109,59 @@ pub(crate) enum ReadError {
     Unreadable,
 }
 
-/// Reads a request body of at most `limit` bytes.
+/// Reads a request body of at most `limit` bytes. A body that arrives in one frame (the
+/// common case: hyper hands a small body over in one piece) is returned as that frame's bytes,
+/// with no buffer list and no copy.
 pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) => {
-            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
-            while let Some(e) = cause {
-                if e.is::<LengthLimitError>() {
-                    return Err(ReadError::TooLarge);
-                }
-                cause = e.source();
+    use bytes::Buf;
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| classify(e.into()))?;
+        // Trailers carry no body bytes.
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        len = len.saturating_add(data.remaining());
+        if len > limit {
+            return Err(ReadError::TooLarge);
+        }
+        let data = data.copy_to_bytes(data.remaining());
+        match (&mut first, &mut more) {
+            (None, _) => first = Some(data),
+            (Some(head), None) => {
+                let mut buf = BytesMut::with_capacity(len);
+                buf.extend_from_slice(head);
+                buf.extend_from_slice(&data);
+                more = Some(buf);
             }
-            Err(ReadError::Unreadable)
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
         }
     }
+    Ok(match (first, more) {
+        (_, Some(buf)) => buf.freeze(),
+        (Some(head), None) => head,
+        (None, None) => Bytes::new(),
+    })
+}
+
+/// Whether a body error means "too large" (a limit an outer layer put on the body) or anything
+/// else.
+fn classify(error: BoxError) -> ReadError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+    while let Some(e) = cause {
+        if e.is::<LengthLimitError>() {
+            return ReadError::TooLarge;
+        }
+        cause = e.source();
+    }
+    ReadError::Unreadable
 }
 
 /// A response body read up to a cap.
@@ -146,32 +180,103 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = Box::pin(body);
-    let mut chunks: Vec<Bytes> = Vec::new();
+    // Most bodies are one frame: keep it aside, and list frames only from the second on.
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<Bytes> = Vec::new();
     let mut len = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(Into::into)?;
         match frame.into_data() {
             Ok(data) => {
                 len += data.len();
-                chunks.push(data);
+                if first.is_none() {
+                    first = Some(data);
+                } else {
+                    more.push(data);
+                }
                 if len > cap {
-                    let read = stream::iter(chunks.into_iter().map(|c| Ok(Frame::data(c))));
+                    let read = first.into_iter().chain(more).map(|c| Ok(Frame::data(c)));
                     let rest = BodyStream::new(body.map_err(Into::into));
-                    return Ok(Kept::Over(StreamBody::new(read.chain(rest)).boxed_unsync()));
+                    return Ok(Kept::Over(
+                        StreamBody::new(stream::iter(read).chain(rest)).boxed_unsync(),
+                    ));
                 }
             }
             // Trailers are not replayed.
             Err(_trailers) => {}
         }
     }
-    Ok(Kept::Whole(match chunks.len() {
-        1 => chunks.pop().unwrap_or_default(),
-        _ => {
+    Ok(Kept::Whole(match first {
+        None => Bytes::new(),
+        Some(only) if more.is_empty() => only,
+        Some(head) => {
             let mut buf = BytesMut::with_capacity(len);
-            for c in chunks {
+            buf.extend_from_slice(&head);
+            for c in more {
                 buf.extend_from_slice(&c);
             }
             buf.freeze()
         }
     }))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http::HeaderMap;
+
+    /// A body of these frames: data, then trailers if asked.
+    fn frames(parts: &[&'static str], trailers: bool) -> IdempotencyBody {
+        let mut frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+            .collect();
+        if trailers {
+            frames.push(Ok(Frame::trailers(HeaderMap::new())));
+        }
+        StreamBody::new(stream::iter(frames)).boxed_unsync()
+    }
+
+    async fn all_of(body: IdempotencyBody) -> Bytes {
+        body.collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_request_body_is_read_whole_in_one_frame_or_many() {
+        for (parts, trailers) in [
+            (&[][..], false),
+            (&["abc"][..], false),
+            (&["ab", "", "cd", "e"][..], true),
+        ] {
+            let read = read_body(frames(parts, trailers), 5).await;
+            assert_eq!(read.ok().unwrap(), parts.concat().as_bytes());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_body_over_the_limit_is_too_large_in_one_frame_or_many() {
+        for parts in [&["abcdef"][..], &["abc", "def"][..], &["ab", "cd", "ef"][..]] {
+            assert!(matches!(
+                read_body(frames(parts, false), 5).await,
+                Err(ReadError::TooLarge)
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_body_within_the_cap_is_kept_whole_and_one_over_it_is_sent_whole() {
+        for parts in [&[][..], &["abc"][..], &["ab", "c", "de"][..]] {
+            let Kept::Whole(kept) = keep_up_to(frames(parts, true), 5).await.unwrap() else {
+                panic!("{parts:?} is within the cap");
+            };
+            assert_eq!(kept, parts.concat().as_bytes());
+        }
+        for parts in [&["abcdef"][..], &["ab", "cd", "ef", "gh"][..]] {
+            let Kept::Over(body) = keep_up_to(frames(parts, false), 5).await.unwrap() else {
+                panic!("{parts:?} is over the cap");
+            };
+            assert_eq!(all_of(body).await, parts.concat().as_bytes());
+        }
+    }
 }
