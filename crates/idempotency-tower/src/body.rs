@@ -256,7 +256,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_body_over_the_limit_is_too_large_in_one_frame_or_many() {
-        for parts in [&["abcdef"][..], &["abc", "def"][..], &["ab", "cd", "ef"][..]] {
+        for parts in [
+            &["abcdef"][..],
+            &["abc", "def"][..],
+            &["ab", "cd", "ef"][..],
+        ] {
             assert!(matches!(
                 read_body(frames(parts, false), 5).await,
                 Err(ReadError::TooLarge)
