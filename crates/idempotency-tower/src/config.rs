@@ -122,4 +122,6 @@ pub(crate) struct Shared<S> {
     pub(crate) settings: Settings,
     /// `settings.renderer()`, resolved once.
     pub(crate) render: RenderRefusal,
+    /// The counters' keys of the routes served so far.
+    pub(crate) routes: crate::route::RouteKeys,
 }

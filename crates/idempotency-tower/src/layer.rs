@@ -161,6 +161,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
                 scope: self.scope.0,
                 render: self.settings.renderer(),
                 settings: self.settings,
+                routes: Default::default(),
             }),
         }
     }

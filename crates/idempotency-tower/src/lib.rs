@@ -75,6 +75,7 @@ mod detach;
 mod extract;
 mod layer;
 mod refusal;
+mod route;
 mod service;
 
 pub use body::{BoxError, IdempotencyBody, RequestBody};

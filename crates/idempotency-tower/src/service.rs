@@ -10,6 +10,7 @@ use crate::body::{
 use crate::config::{ScopeSource, Shared};
 use crate::detach::DetachOnDrop;
 use crate::refusal::{Problem, render};
+use crate::route::{Outcome, Route};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
@@ -91,62 +92,6 @@ where
             return Box::pin(async move { future.await.map(|r| r.map(boxed)) });
         }
         Box::pin(handle(inner, shared, request))
-    }
-}
-
-/// What happened to a covered request: one value gives the span's `outcome` field and the
-/// `idempotency_requests_total{outcome}` label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    /// No key, and keys are optional: passed through without idempotency.
-    Passthrough,
-    KeyMissing,
-    KeyInvalid,
-    ScopeMissing,
-    BodyTooLarge,
-    BodyUnreadable,
-    /// The store failed; answered 503.
-    StoreError,
-    /// The store failed; run without idempotency (`fail_open`).
-    StoreErrorFailOpen,
-    Replayed,
-    Conflict,
-    Mismatch,
-    /// The request held its key and its handler ran.
-    Executed,
-    /// The handler panicked or its response body failed.
-    HandlerFailed,
-}
-
-impl Outcome {
-    fn label(self) -> &'static str {
-        match self {
-            Outcome::Passthrough => "passthrough",
-            Outcome::KeyMissing => "key_missing",
-            Outcome::KeyInvalid => "key_invalid",
-            Outcome::ScopeMissing => "scope_missing",
-            Outcome::BodyTooLarge => "body_too_large",
-            Outcome::BodyUnreadable => "body_unreadable",
-            Outcome::StoreError => "store_error",
-            Outcome::StoreErrorFailOpen => "store_error_fail_open",
-            Outcome::Replayed => "replayed",
-            Outcome::Conflict => "conflict",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Executed => "executed",
-            Outcome::HandlerFailed => "handler_failed",
-        }
-    }
-
-    /// Counts the outcome (with the route axum matched, or "") and records it on the current
-    /// span.
-    fn record(self, route: &Route) {
-        metrics::counter!(
-            "idempotency_requests_total",
-            "outcome" => self.label(),
-            "route" => route.as_str().to_owned()
-        )
-        .increment(1);
-        tracing::Span::current().record("outcome", self.label());
     }
 }
 
@@ -254,7 +199,7 @@ where
             .await?;
         return Ok(response.map(boxed));
     }
-    let route = Route::of(&parts);
+    let route = Route::of(&parts, &shared.routes);
     let key = match read_key(&parts, &shared) {
         Ok(Some(key)) => key,
         Ok(None) => {
@@ -441,41 +386,6 @@ fn opted_out(parts: &http::response::Parts) -> bool {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
-}
-
-/// The route axum matched (`/tasks/{id}`), for metrics and spans; "" elsewhere. Cloning it
-/// copies no text (axum keeps the matched path in an `Arc`).
-#[derive(Clone)]
-struct Route {
-    #[cfg(feature = "axum")]
-    matched: Option<axum::extract::MatchedPath>,
-}
-
-impl Route {
-    fn of(parts: &Parts) -> Route {
-        let _ = parts;
-        Route {
-            #[cfg(feature = "axum")]
-            matched: parts
-                .extensions
-                .get::<axum::extract::MatchedPath>()
-                .cloned(),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        #[cfg(feature = "axum")]
-        if let Some(matched) = &self.matched {
-            return matched.as_str();
-        }
-        ""
-    }
-}
-
-impl fmt::Display for Route {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// The URI the client sent: under axum's `nest`, the request's own URI has the prefix stripped,
