@@ -88,8 +88,10 @@ impl RedisStoreBuilder {
     ///
     /// Redis replicates asynchronously: a failover to a replica that had not received a claim
     /// forgets it, and a retry then runs the request a second time while the first still runs.
-    /// With this, a handler runs only once its claim is on `replicas` replicas, and a client only
-    /// gets a response that is on them. It costs a replica round trip per step (the report's
+    /// With this, a handler runs only once its claim is on `replicas` replicas. A completion the
+    /// replicas do not acknowledge in time stays stored on the master and the client gets its
+    /// response (the handler has run; refusing would not undo it): it is logged and counted in
+    /// `idempotency_redis_replica_wait_shortfalls_total`. It costs a replica round trip per step (the report's
     /// "Redis: waiting for replicas" measures it), and with fewer than `replicas` replicas up
     /// every request fails. `timeout` must be shorter than the response timeout.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {

@@ -270,8 +270,18 @@ impl IdempotencyStore for RedisStore {
             .arg(millis(retention));
         let applied: u64 = self.invoke(&invocation).await?;
         let outcome = FenceOutcome::from_count(applied);
-        if outcome == FenceOutcome::Applied {
-            self.await_replicas(&record, "completion").await?;
+        if outcome == FenceOutcome::Applied
+            && let Err(error) = self.await_replicas(&record, "completion").await
+        {
+            // The response is stored on the master and the handler has run: an error here would
+            // only make the engine store it again (the token is gone, so that attempt reads as a
+            // lost lease) while the client gets its response anyway. Say it and count it
+            // (`await_replicas` counts shortfalls): a failover before the replicas catch up
+            // forgets this completion.
+            tracing::warn!(
+                error = %idempotency_core::ErrorChain(&error),
+                "a completion was stored on the master but not acknowledged by the replicas in                  time: a failover now would forget it"
+            );
         }
         Ok(outcome)
     }

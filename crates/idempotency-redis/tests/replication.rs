@@ -186,6 +186,44 @@ mod redis_store {
         }
     }
 
+    /// The replica is cut off after a request's claim was acknowledged and before its
+    /// completion: the handler has run once, and the completion is kept on the master and
+    /// reported stored (the layer answers the handler's response), not turned into an error that
+    /// the engine would retry into a "lost lease". A retry replays it: the handler runs once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_the_replica_missed_is_kept_and_the_request_runs_once() {
+        use idempotency_core::{Begin, Completion, Engine, EngineConfig};
+        let (master, replica) = master_and_replica().await;
+        let store = RedisStore::builder(master.url())
+            .key_prefix("idem-wait-complete:")
+            .wait_for_replicas(1, Duration::from_millis(300))
+            .watch_interval(None)
+            .build()
+            .await
+            .expect("build waiting for one replica");
+        let engine = Engine::new(store, EngineConfig::default());
+        let scope = Scope::new("user-1").expect("scope");
+        let Begin::Proceed(guard) = engine
+            .begin(scope.clone(), key(0), fp())
+            .await
+            .expect("begin")
+        else {
+            panic!("a new key proceeds");
+        };
+        // The handler runs here (once); then the replica is cut off.
+        on_node(&replica.url(), &["REPLICAOF", "127.0.0.1", "1"]).await;
+        assert_eq!(
+            guard.complete(response()).await,
+            Completion::Stored,
+            "the completion is on the master; the client gets the response"
+        );
+        // The retry replays: the handler does not run a second time.
+        match engine.begin(scope, key(0), fp()).await.expect("retry") {
+            Begin::Replay(stored) => assert_eq!(stored, response()),
+            other => panic!("the retry must replay, not run again; got {other:?}"),
+        }
+    }
+
     /// Waiting for more replicas than a master has, or with a timeout the response timeout
     /// would cut, is refused when the store is built.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
