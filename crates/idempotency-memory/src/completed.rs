@@ -1,4 +1,5 @@
-//! Completed records: a moka cache of encoded responses, weighed by what they cost in memory.
+//! The replay tier's completed records: a moka cache of encoded responses, weighed by what they
+//! cost in memory.
 
 use crate::id::{CarriedHash, RecordId};
 use bytes::Bytes;
@@ -6,7 +7,6 @@ use idempotency_core::{DecodeError, Fingerprint, StoredResponse};
 use moka::notification::RemovalCause;
 use moka::policy::EvictionPolicy;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What one cache entry costs beyond its id and encoded response, in bytes: the record itself,
@@ -15,24 +15,6 @@ use std::time::{Duration, Instant};
 /// x86-64 Linux with glibc by `tests/memory_bound.rs` (resident memory of a full store over the
 /// bytes counted).
 pub(crate) const ENTRY_OVERHEAD: usize = 600;
-
-/// What happens when the completed records reach the bound.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WhenFull {
-    /// Evict the least recently used completed records to make room (the default). A retry of
-    /// an evicted key runs its request again; evictions are counted
-    /// ([`MemoryStore::evicted_records`](crate::MemoryStore::evicted_records) and
-    /// `idempotency_memory_evictions_total`).
-    #[default]
-    EvictLeastRecentlyUsed,
-    /// Keep every completed record until it expires, and refuse new claims while the bound is
-    /// reached: they fail with a retryable `StoreError::Full` (503 with `Retry-After` at the
-    /// HTTP layer). Nothing runs twice, at the price of refusing new requests at capacity.
-    /// Responses of requests already running are still stored, so the bound can be passed by
-    /// at most the in-flight requests' responses.
-    RefuseNewClaims,
-}
 
 /// A completed record. Cloned out of the cache on a read: a reference count and a few words
 /// (moka keeps each value behind its own reference-counted pointer already).
@@ -93,48 +75,30 @@ impl moka::Expiry<RecordId, Completed> for CompletedExpiry {
 /// The cache and its accounting.
 pub(crate) struct CompletedRecords {
     cache: moka::sync::Cache<RecordId, Completed, CarriedHash>,
-    /// Bytes of the entries in the cache, by [`Completed::weight`], kept by this store (moka's own
-    /// figure is only exact after its maintenance runs).
-    bytes: Arc<AtomicU64>,
-    evicted: Arc<AtomicU64>,
-    max_bytes: u64,
-    when_full: WhenFull,
 }
 
 impl CompletedRecords {
-    /// Records up to `max_bytes`; evictions are counted in the counter `evictions_metric`.
-    pub(crate) fn new(max_bytes: u64, when_full: WhenFull, evictions_metric: &'static str) -> Self {
-        let bytes = Arc::new(AtomicU64::new(0));
-        let evicted = Arc::new(AtomicU64::new(0));
-        let (listener_bytes, listener_evicted) = (Arc::clone(&bytes), Arc::clone(&evicted));
-        // Sized up front for the records a full store holds (small responses), so the table
-        // does not rehash its way up while the store fills; a bucket is one pointer.
+    /// Records up to `max_bytes`, the least recently used evicted past it; evictions are
+    /// counted in the counter `evictions_metric`.
+    pub(crate) fn new(max_bytes: u64, evictions_metric: &'static str) -> Self {
+        // Sized up front for the records a full cache holds (small responses), so the table
+        // does not rehash its way up while it fills; a bucket is one pointer.
         let expected = (max_bytes / (ENTRY_OVERHEAD as u64 + 128)).min(1 << 20);
-        let mut builder = moka::sync::Cache::builder()
+        let cache = moka::sync::Cache::builder()
             .initial_capacity(usize::try_from(expected).unwrap_or(1 << 20))
             .weigher(|id: &RecordId, record: &Completed| {
                 u32::try_from(Completed::weight(id, record)).unwrap_or(u32::MAX)
             })
             .expire_after(CompletedExpiry)
-            .eviction_listener(move |id: Arc<RecordId>, record: Completed, cause| {
-                listener_bytes.fetch_sub(Completed::weight(&id, &record), Ordering::Relaxed);
+            .eviction_listener(move |_id: Arc<RecordId>, _record: Completed, cause| {
                 if cause == RemovalCause::Size {
-                    listener_evicted.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(evictions_metric).increment(1);
                 }
-            });
-        if when_full == WhenFull::EvictLeastRecentlyUsed {
-            builder = builder
-                .max_capacity(max_bytes)
-                .eviction_policy(EvictionPolicy::lru());
-        }
-        CompletedRecords {
-            cache: builder.build_with_hasher(CarriedHash),
-            bytes,
-            evicted,
-            max_bytes,
-            when_full,
-        }
+            })
+            .max_capacity(max_bytes)
+            .eviction_policy(EvictionPolicy::lru())
+            .build_with_hasher(CarriedHash);
+        CompletedRecords { cache }
     }
 
     pub(crate) fn get(&self, id: &[u8]) -> Option<Completed> {
@@ -143,15 +107,7 @@ impl CompletedRecords {
 
     /// Keeps `record` under `id`, replacing an expired record there.
     pub(crate) fn insert(&self, id: RecordId, record: Completed) {
-        self.bytes
-            .fetch_add(Completed::weight(&id, &record), Ordering::Relaxed);
         self.cache.insert(id, record);
-    }
-
-    /// Whether a new claim must be refused because the records fill the bound.
-    pub(crate) fn refuses_claims(&self) -> bool {
-        self.when_full == WhenFull::RefuseNewClaims
-            && self.bytes.load(Ordering::Relaxed) >= self.max_bytes
     }
 
     /// Runs moka's pending maintenance (evictions, expirations) now.
@@ -166,9 +122,5 @@ impl CompletedRecords {
 
     pub(crate) fn entries(&self) -> u64 {
         self.cache.entry_count()
-    }
-
-    pub(crate) fn evicted(&self) -> u64 {
-        self.evicted.load(Ordering::Relaxed)
     }
 }

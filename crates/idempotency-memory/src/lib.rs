@@ -1,5 +1,6 @@
-//! An in-process [`IdempotencyStore`] on [moka](https://docs.rs/moka): no setup, the embedded
-//! default, and the ADR's rejected "application memory" option kept for comparison.
+//! An in-process [`IdempotencyStore`]: no setup, the embedded default, and the ADR's rejected
+//! "application memory" option kept for comparison. Also the [`ReplayTier`], a
+//! [moka](https://docs.rs/moka) cache of completed records in front of a remote store.
 //!
 //! **Per process only.** Two instances of a service each have their own store, so the same key
 //! sent to both runs the handler twice: the reason ADR 009 rejected application memory for a
@@ -19,13 +20,15 @@
 //! - Claims are atomic: the state of one `(scope, key)` changes only under that key's shard lock,
 //!   so of N concurrent claims exactly one proceeds.
 //! - Time is a monotonic clock ([`std::time::Instant`]); expired records read as absent.
-//! - **In-flight claims are never evicted.** They live outside the cache in a map bounded by
+//! - Records live in one sharded hash table: a claim is one lookup under one shard's lock, and
+//!   a completion turns the claim into the record in place.
+//! - **In-flight claims are never evicted.** They are bounded by a count,
 //!   [`MemoryStoreBuilder::max_in_flight`]; when it is full a new claim fails with
 //!   [`StoreError::Full`] (a retryable error, 503 at the HTTP layer), it never silently drops
 //!   a running request's claim.
 //! - **Completed records are bounded by the memory they take**
 //!   ([`MemoryStoreBuilder::max_stored_bytes`]): each is weighed as its id, its encoded response
-//!   and a fixed overhead for the record and the cache's own bookkeeping, so a full store's
+//!   and a fixed overhead for its slot and bookkeeping, so a full store's
 //!   resident memory stays near the bound (`tests/memory_bound.rs` measures it). At the bound,
 //!   [`WhenFull`] decides: evict the least recently used completed records (the default; a
 //!   retry of an evicted key runs again, counted by [`MemoryStore::evicted_records`] and
@@ -36,23 +39,21 @@
 
 mod completed;
 mod id;
-mod in_flight;
+mod records;
 mod tier;
 
-pub use completed::WhenFull;
+pub use records::WhenFull;
 pub use tier::{ReplayTier, ReplayTierBuilder};
 
 use async_trait::async_trait;
-use completed::{Completed, CompletedRecords};
 use id::IdBuf;
 use idempotency_core::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    RecordState, Scope, StoreError, StoredResponse,
+    Scope, StoreError, StoredResponse,
 };
-use in_flight::{Claim, Claims, Locked};
+use records::Records;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use moka;
 
@@ -104,14 +105,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 ids: foldhash::fast::RandomState::default(),
-                claims: Claims::new(),
-                in_flight: AtomicUsize::new(0),
-                max_in_flight: self.max_in_flight,
-                completed: CompletedRecords::new(
-                    self.max_stored_bytes,
-                    self.when_full,
-                    "idempotency_memory_evictions_total",
-                ),
+                records: Records::new(self.max_stored_bytes, self.max_in_flight, self.when_full),
             }),
         }
     }
@@ -120,10 +114,7 @@ impl MemoryStoreBuilder {
 struct Inner {
     /// Seeds the hash every record id carries.
     ids: foldhash::fast::RandomState,
-    claims: Claims,
-    in_flight: AtomicUsize,
-    max_in_flight: usize,
-    completed: CompletedRecords,
+    records: Records,
 }
 
 /// The in-process store. Cheap to clone; clones share the records.
@@ -136,8 +127,8 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("in_flight", &self.in_flight_claims())
-            .field("completed", &self.inner.completed.entries())
-            .field("stored_bytes", &self.inner.completed.bytes())
+            .field("completed", &self.inner.records.completed())
+            .field("stored_bytes", &self.stored_bytes())
             .finish()
     }
 }
@@ -156,84 +147,22 @@ impl MemoryStore {
 
     /// Claims currently held (including ones whose lease ran out and are not yet reclaimed).
     pub fn in_flight_claims(&self) -> usize {
-        self.inner.in_flight.load(Ordering::Relaxed)
+        self.inner.records.in_flight()
     }
 
-    /// Memory the completed records take by the store's accounting (after pending cache
-    /// maintenance): what [`MemoryStoreBuilder::max_stored_bytes`] bounds.
+    /// Memory the completed records take by the store's accounting: what
+    /// [`MemoryStoreBuilder::max_stored_bytes`] bounds.
     pub fn stored_bytes(&self) -> u64 {
-        self.inner.completed.maintain();
-        self.inner.completed.bytes()
+        self.inner.records.bytes()
     }
 
     /// Completed records evicted because the bound was reached, since the store was built.
     pub fn evicted_records(&self) -> u64 {
-        self.inner.completed.evicted()
+        self.inner.records.evicted()
     }
 
-    /// The live record of `id`, read under its shard lock.
-    fn live_record(
-        &self,
-        claims: &mut Locked<'_>,
-        id: &[u8],
-        now: Instant,
-    ) -> Result<Option<Record>, StoreError> {
-        if let Some(claim) = claims.get(id) {
-            if claim.lease_until > now {
-                return Ok(Some(Record {
-                    fingerprint: claim.fingerprint,
-                    state: RecordState::InFlight {
-                        lease_remaining: claim.lease_until - now,
-                    },
-                }));
-            }
-            // The lease ran out: the claim is dead and can be taken over.
-            claims.remove(id);
-            self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
-        let Some(completed) = self.inner.completed.get(id) else {
-            return Ok(None);
-        };
-        if completed.expires_at <= now {
-            return Ok(None);
-        }
-        // Encoded by this process a moment ago: decoding fails only on a bug, reported as such.
-        let response = completed.response().map_err(|e| StoreError::Corrupt {
-            backend: BACKEND,
-            source: e.into(),
-        })?;
-        Ok(Some(Record {
-            fingerprint: completed.fingerprint,
-            state: RecordState::Completed {
-                response,
-                retention_remaining: completed.expires_at - now,
-            },
-        }))
-    }
-
-    /// Takes the in-flight claim of `(scope, key)` out if `token` holds it, and runs `f` with
-    /// its kept id under the shard lock.
-    fn fenced(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        f: impl FnOnce(Box<[u8]>, Claim),
-    ) -> FenceOutcome {
-        let id = IdBuf::new(&self.inner.ids, scope, key);
-        let id = id.as_bytes();
-        let mut claims = self.inner.claims.lock(id);
-        let now = Instant::now();
-        match claims.get(id) {
-            Some(claim) if claim.token == token && claim.lease_until > now => {
-                if let Some((kept, claim)) = claims.remove(id) {
-                    self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    f(kept, claim);
-                }
-                FenceOutcome::Applied
-            }
-            _ => FenceOutcome::Stale,
-        }
+    fn id(&self, scope: &Scope, key: &IdempotencyKey) -> IdBuf {
+        IdBuf::new(&self.inner.ids, scope, key)
     }
 }
 
@@ -251,39 +180,10 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let id = IdBuf::new(&self.inner.ids, scope, key);
-        let mut claims = self.inner.claims.lock(id.as_bytes());
-        let now = Instant::now();
-        if let Some(record) = self.live_record(&mut claims, id.as_bytes(), now)? {
-            return Ok(ClaimOutcome::Existing(record));
-        }
-        if self.inner.completed.refuses_claims() {
-            return Err(StoreError::Full {
-                backend: BACKEND,
-                reason:
-                    "completed records fill the memory bound; new claims wait for them to expire"
-                        .into(),
-            });
-        }
-        let held = self.inner.in_flight.fetch_add(1, Ordering::Relaxed);
-        if held >= self.inner.max_in_flight {
-            self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
-            return Err(StoreError::Full {
-                backend: BACKEND,
-                reason: format!("{} claims are in flight", self.inner.max_in_flight),
-            });
-        }
-        // An expired completed record may still sit in the cache: it reads as absent, and the
-        // completion of this claim replaces it.
-        claims.insert(
-            id.to_owned_id(),
-            Claim {
-                fingerprint: *fingerprint,
-                token,
-                lease_until: now + lease,
-            },
-        );
-        Ok(ClaimOutcome::Claimed)
+        let id = self.id(scope, key);
+        self.inner
+            .records
+            .claim(id.as_bytes(), fingerprint, token, lease)
     }
 
     async fn complete(
@@ -294,11 +194,11 @@ impl IdempotencyStore for MemoryStore {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let completed = &self.inner.completed;
-        Ok(self.fenced(scope, key, token, |id, claim| {
-            let record = Completed::new(claim.fingerprint, response, Instant::now() + retention);
-            completed.insert(id, record);
-        }))
+        let id = self.id(scope, key);
+        Ok(self
+            .inner
+            .records
+            .complete(id.as_bytes(), token, response, retention))
     }
 
     async fn extend(
@@ -308,16 +208,8 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let id = IdBuf::new(&self.inner.ids, scope, key);
-        let mut claims = self.inner.claims.lock(id.as_bytes());
-        let now = Instant::now();
-        match claims.get_mut(id.as_bytes()) {
-            Some(claim) if claim.token == token && claim.lease_until > now => {
-                claim.lease_until = now + lease;
-                Ok(FenceOutcome::Applied)
-            }
-            _ => Ok(FenceOutcome::Stale),
-        }
+        let id = self.id(scope, key);
+        Ok(self.inner.records.extend(id.as_bytes(), token, lease))
     }
 
     async fn release(
@@ -326,38 +218,16 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
-        Ok(self.fenced(scope, key, token, |_, _| {}))
+        let id = self.id(scope, key);
+        Ok(self.inner.records.release(id.as_bytes(), token))
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let id = IdBuf::new(&self.inner.ids, scope, key);
-        let mut claims = self.inner.claims.lock(id.as_bytes());
-        self.live_record(&mut claims, id.as_bytes(), Instant::now())
+        let id = self.id(scope, key);
+        self.inner.records.get(id.as_bytes())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let now = Instant::now();
-        let mut purged = 0usize;
-        self.inner.claims.each_shard(|shard| {
-            if purged >= limit {
-                return;
-            }
-            let before = shard.len();
-            let mut budget = limit - purged;
-            shard.retain(|(_, claim)| {
-                let keep = claim.lease_until > now || budget == 0;
-                if !keep {
-                    budget -= 1;
-                }
-                keep
-            });
-            let removed = before - shard.len();
-            self.inner.in_flight.fetch_sub(removed, Ordering::Relaxed);
-            purged += removed;
-        });
-        let before = self.inner.completed.entries();
-        self.inner.completed.maintain();
-        let expired = before.saturating_sub(self.inner.completed.entries());
-        Ok(purged as u64 + expired)
+        Ok(self.inner.records.purge_expired(limit))
     }
 }

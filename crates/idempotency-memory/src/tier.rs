@@ -1,7 +1,7 @@
 //! The local replay tier: completed records of a remote store, kept in this process so that a
 //! replay costs no round trip.
 
-use crate::completed::{Completed, CompletedRecords, WhenFull};
+use crate::completed::{Completed, CompletedRecords};
 use crate::id::IdBuf;
 use async_trait::async_trait;
 use idempotency_core::{
@@ -49,7 +49,6 @@ impl<S: IdempotencyStore> ReplayTierBuilder<S> {
             ids: foldhash::fast::RandomState::default(),
             completed: CompletedRecords::new(
                 self.max_cached_bytes,
-                WhenFull::EvictLeastRecentlyUsed,
                 "idempotency_replay_tier_evictions_total",
             ),
             pending: moka::sync::Cache::builder()
