@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 /// What one cache entry costs beyond its id and encoded response, in bytes: the record itself,
 /// moka's entry (key `Arc`, value entry, access-order and timer-wheel nodes, hash-table bucket,
 /// pending write operation) and the allocator's headers on each. Measured on
-/// x86-64 Linux with glibc by `tests/memory_bound.rs` (resident memory of a full store over the
-/// bytes counted).
+/// x86-64 Linux with glibc by `tests/tier_memory_bound.rs` (resident memory of a full tier over
+/// its bound).
 pub(crate) const ENTRY_OVERHEAD: usize = 600;
 
 /// A completed record. Cloned out of the cache on a read: a reference count and a few words

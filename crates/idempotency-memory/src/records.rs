@@ -12,6 +12,7 @@
 //! lock-free table) cost about 10 µs of CPU per fresh key, more than the layer and the engine
 //! together; see `docs/benchmarks.md`.
 
+use crate::BACKEND;
 use crate::id::{RecordId, hash_of};
 use bytes::Bytes;
 use hashbrown::HashTable;
@@ -26,8 +27,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const SHARDS: usize = 64;
-
-const BACKEND: &str = "memory";
 
 /// What one completed record costs beyond its id and encoded response, in bytes: its slot in
 /// the table (with the table's spare capacity), its places in the recency queue, and the
