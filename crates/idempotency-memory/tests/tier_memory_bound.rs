@@ -5,44 +5,19 @@
 //! In its own test binary so that the process's resident memory is this test's alone.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 mod tier {
-    use bytes::Bytes;
-    use idempotency_core::http::{HeaderMap, HeaderValue, StatusCode, header};
+    use super::support::{resident, response};
     use idempotency_core::{
         BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        IdempotencyStore, KeyFormat, LeaseToken, Scope,
     };
     use idempotency_memory::{MemoryStore, ReplayTier};
     use std::time::Duration;
 
     const HOUR: Duration = Duration::from_secs(3600);
     const BOUND: u64 = 32 * 1024 * 1024;
-
-    /// The process's resident memory, in bytes.
-    fn resident() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kib * 1024
-    }
-
-    /// A typical small API response: 201, two headers, a 120-byte JSON body.
-    fn response(i: u64) -> StoredResponse {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::LOCATION,
-            HeaderValue::from_str(&format!("/tasks/{i:020}")).unwrap(),
-        );
-        let body = format!("{{\"id\":\"{i:020}\",\"title\":\"{}\"}}", "t".repeat(80));
-        StoredResponse::new(StatusCode::CREATED, headers, Bytes::from(body))
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_tier_stays_within_its_bound_in_resident_memory() {
