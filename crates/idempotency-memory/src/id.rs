@@ -3,10 +3,10 @@
 //! allocation when kept, and none when looked up: the lookup form is built on the stack.
 //!
 //! The hash is computed once, when the id is built, with a per-store random seed (foldhash), and
-//! carried in the id: the in-flight shards and the completed records' cache both read it
-//! instead of hashing the bytes again. The cache hashes a key several times over its life (on
-//! lookup, insert, its own maintenance and each resize of its table); the profile of fresh keys
-//! showed that hashing at 8% of the server's CPU before ids carried their hash.
+//! carried in the id: the memory store's table and the replay tier's moka cache both read it
+//! instead of hashing the bytes again. A table hashes a key several times over its life (on
+//! lookup, insert, maintenance and each resize); the profile of fresh keys showed that hashing
+//! at 8% of the server's CPU before ids carried their hash.
 
 use idempotency_core::{IdempotencyKey, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope};
 use std::hash::{BuildHasher, Hasher};
@@ -67,7 +67,7 @@ pub(crate) fn hash_of(id: &[u8]) -> u64 {
     u64::from_le_bytes(hash)
 }
 
-/// Hashes ids by the hash they carry: for the cache of completed records, whose keys are ids
+/// Hashes ids by the hash they carry: for the replay tier's cache, whose keys are ids
 /// (`Box<[u8]>` owned, `[u8]` borrowed; both hash as a length, then the bytes in one `write`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CarriedHash;
