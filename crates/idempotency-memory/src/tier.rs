@@ -24,8 +24,10 @@ pub struct ReplayTierBuilder<S> {
 }
 
 impl<S: IdempotencyStore> ReplayTierBuilder<S> {
-    /// Bound on the memory the cached records take (default 16 MiB), weighed as in
-    /// [`MemoryStoreBuilder::max_stored_bytes`](crate::MemoryStoreBuilder::max_stored_bytes).
+    /// Bound on the memory the cached records take (default 16 MiB), weighed like
+    /// [`MemoryStoreBuilder::max_stored_bytes`](crate::MemoryStoreBuilder::max_stored_bytes):
+    /// key, scope and encoded response, plus a fixed overhead per entry measured for the
+    /// tier's cache (`tests/tier_memory_bound.rs`).
     /// Past it the least recently used records leave the tier (their replays go back to the
     /// store; nothing else changes).
     pub fn max_cached_bytes(mut self, bytes: u64) -> Self {
