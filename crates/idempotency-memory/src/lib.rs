@@ -151,7 +151,9 @@ impl MemoryStore {
     }
 
     /// Memory the completed records take by the store's accounting: what
-    /// [`MemoryStoreBuilder::max_stored_bytes`] bounds.
+    /// [`MemoryStoreBuilder::max_stored_bytes`] bounds. A completion adds its record, then
+    /// evicts down to the bound, so while completions run this can pass the bound by the
+    /// records they are adding (one each).
     pub fn stored_bytes(&self) -> u64 {
         self.inner.records.bytes()
     }
