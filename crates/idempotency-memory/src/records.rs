@@ -167,9 +167,15 @@ impl Shard {
         });
     }
 
-    /// Removes the least recently used completed record; its weight, if there was one.
-    fn evict_least_recently_used(&mut self) -> Option<u64> {
-        while let Some((hash, stamp)) = self.recency.pop_front() {
+    /// Removes the least recently used completed record, unless it is the one stamped `keep`;
+    /// its weight, if there was one to remove.
+    fn evict_least_recently_used(&mut self, keep: Option<u64>) -> Option<u64> {
+        while let Some(&(hash, stamp)) = self.recency.front() {
+            if keep == Some(stamp) {
+                // Every pair before it was stale: the kept record is the shard's only one.
+                return None;
+            }
+            self.recency.pop_front();
             let found = self.table.find_entry(
                 hash,
                 |(_, e)| matches!(e, Entry::Completed(c) if c.stamp == stamp),
@@ -433,11 +439,12 @@ impl Records {
             _ => return FenceOutcome::Stale,
         };
         let added = weight(id.len(), &encoded);
+        let stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash);
         *entry = Entry::Completed(Completed {
             fingerprint,
             encoded,
             expires_at: now + retention,
-            stamp: Shard::used(&mut shard.recency, &mut shard.next_stamp, hash),
+            stamp,
         });
         shard.completed += 1;
         shard.compact();
@@ -445,17 +452,22 @@ impl Records {
         self.bytes.fetch_add(added, Ordering::Relaxed);
         drop(guard);
         if self.when_full == WhenFull::EvictLeastRecentlyUsed {
-            self.evict_to_bound();
+            self.evict_to_bound((shard_index(hash), stamp));
         }
         FenceOutcome::Applied
     }
 
-    /// Evicts least recently used records, shard after shard, until the bound holds.
-    fn evict_to_bound(&self) {
+    /// Evicts least recently used records, shard after shard, until the bound holds; never
+    /// `just_stored` (its shard and stamp), the record the calling completion stored: in a
+    /// store of few records its shard may hold nothing older, and evicting it would make the
+    /// retry that may follow at once run again. (A record heavier than the whole bound so
+    /// stays until the next completion.)
+    fn evict_to_bound(&self, just_stored: (usize, u64)) {
         let mut empty_shards = 0;
         while self.bytes() > self.max_bytes && empty_shards < SHARDS {
             let index = self.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            let freed = self.lock(index).evict_least_recently_used();
+            let keep = (index == just_stored.0).then_some(just_stored.1);
+            let freed = self.lock(index).evict_least_recently_used(keep);
             match freed {
                 Some(freed) => {
                     empty_shards = 0;
@@ -628,6 +640,34 @@ mod tests {
     }
 
     #[test]
+    fn a_completion_never_evicts_the_record_it_stored() {
+        let one = weight(spread_id(0).len(), &response().encode());
+        let records = Records::new(one + one / 2, 100, WhenFull::EvictLeastRecentlyUsed);
+        // An older record in shard 1, then a new one in shard 0, where the eviction cursor
+        // starts and which holds nothing older than the new record.
+        let (older, newer) = (spread_id(1), spread_id(0));
+        assert_eq!(
+            (shard_index(hash_of(&older)), shard_index(hash_of(&newer))),
+            (1, 0)
+        );
+        for id in [&older, &newer] {
+            let token = LeaseToken::new();
+            records.claim(id, &fingerprint(), token, HOUR).unwrap();
+            let done = records.complete(id, token, &response(), HOUR);
+            assert_eq!(done, FenceOutcome::Applied);
+        }
+        assert_eq!(records.evicted(), 1);
+        assert!(
+            records.get(&newer).unwrap().is_some(),
+            "the new record was kept"
+        );
+        assert!(
+            records.get(&older).unwrap().is_none(),
+            "the older one was evicted"
+        );
+    }
+
+    #[test]
     fn a_replayed_record_does_not_grow_the_recency_queue_without_bound() {
         let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed);
         store(&records, 1);
@@ -638,7 +678,7 @@ mod tests {
         assert!(queued <= 2 + 64 + 1, "{queued} pairs queued for one record");
         // The record's own pair survived compaction: it is still evictable.
         assert_eq!(
-            records.lock(0).evict_least_recently_used(),
+            records.lock(0).evict_least_recently_used(None),
             Some(weight_of_one())
         );
     }
@@ -658,7 +698,7 @@ mod tests {
         assert_eq!((records.bytes(), records.completed()), (0, 0));
         assert_eq!(records.in_flight(), 1);
         // Its old recency pair is stale: nothing is left to evict.
-        assert_eq!(records.lock(0).evict_least_recently_used(), None);
+        assert_eq!(records.lock(0).evict_least_recently_used(None), None);
     }
 
     #[test]
