@@ -55,7 +55,8 @@ pub(crate) const COMPLETED_OVERHEAD: usize = 350;
 pub enum WhenFull {
     /// Evict the least recently used completed records to make room (the default; one shard's
     /// least recently used record at a time, shard after shard, so the order is approximately
-    /// that of the whole store). A retry of an evicted key runs its request again; evictions
+    /// that of the whole store; a completion never evicts the record it stored). A retry of an
+    /// evicted key runs its request again; evictions
     /// are counted ([`MemoryStore::evicted_records`](crate::MemoryStore::evicted_records) and
     /// `idempotency_memory_evictions_total`).
     #[default]
