@@ -53,10 +53,12 @@ pub(crate) const COMPLETED_OVERHEAD: usize = 350;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WhenFull {
-    /// Evict the least recently used completed records to make room (the default; one shard's
-    /// least recently used record at a time, shard after shard, so the order is approximately
-    /// that of the whole store; a completion never evicts the record it stored). A retry of an
-    /// evicted key runs its request again; evictions
+    /// Evict the least recently used completed records to make room (the default). The order
+    /// is approximate: one shard's least recently used record at a time, shard after shard, so
+    /// it is close to the whole store's in a store of many records per shard (a 64 MiB store
+    /// of small responses holds ~1,500 per shard), and in a store of only a few dozen records
+    /// it is any shard's oldest, not the store's; a completion never evicts the record it
+    /// stored. A retry of an evicted key runs its request again; evictions
     /// are counted ([`MemoryStore::evicted_records`](crate::MemoryStore::evicted_records) and
     /// `idempotency_memory_evictions_total`).
     #[default]

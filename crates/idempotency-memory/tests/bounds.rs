@@ -101,7 +101,7 @@ mod memory {
 
     /// A million distinct keys through the store: the completed records stay within the byte
     /// bound (passed, while completions run, by at most the record each of them is adding), and
-    /// the in-flight map holds nothing once every request completed.
+    /// no claim is left in flight once every request completed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_million_keys_stay_within_the_configured_capacity() {
         const CAP: u64 = 8 * 1024 * 1024;

@@ -791,3 +791,62 @@ async fn a_full_memory_store_refusing_claims_answers_503_and_runs_nothing() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), created, "a replay ran again");
 }
+
+/// The default at the bound, `WhenFull::EvictLeastRecentlyUsed`: completed keys are evicted
+/// to make room, so the retry of an evicted key runs the handler a second time and the client
+/// gets a fresh 201 (no `idempotent-replayed`); the key completed last still replays, and
+/// nothing is refused. (Which old key goes is approximate: each shard's least recently used,
+/// shard after shard; the test asks the store which ones it evicted.)
+#[tokio::test]
+async fn a_full_evicting_memory_store_runs_an_evicted_key_again_and_replays_a_recent_one() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::builder().max_stored_bytes(16 * 1024).build();
+    let app = app_with(|b| b, store.clone(), runs.clone());
+    let key = |i: usize| format!("8e03978e-40d5-43e8-bc93-{i:012}");
+    let body = "x".repeat(500);
+    let post = |i: usize| request(Method::POST, "/tasks", Some(&key(i)), Some("alice"), &body);
+    let mut sent = 0;
+    while store.evicted_records() == 0 {
+        let (status, headers, _) = send(&app, post(sent)).await;
+        assert_eq!(status, StatusCode::CREATED, "key {sent} at the bound");
+        assert!(!headers.contains_key("idempotent-replayed"));
+        sent += 1;
+        assert!(sent < 1000, "the bound never evicted");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), sent);
+    let scope = Scope::new("alice").unwrap();
+    let mut evicted = Vec::new();
+    for i in 0..sent {
+        let id = IdempotencyKey::parse(key(i).as_bytes(), idempotency_core::KeyFormat::opaque())
+            .unwrap();
+        if store.get(&scope, &id).await.unwrap().is_none() {
+            evicted.push(i);
+        }
+    }
+    assert_eq!(evicted.len() as u64, store.evicted_records());
+    assert!(
+        !evicted.contains(&(sent - 1)),
+        "the key just completed was evicted"
+    );
+    // The key completed last replays.
+    let (status, headers, _) = send(&app, post(sent - 1)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        sent,
+        "the recent key ran again"
+    );
+    // An evicted key's retry runs the handler again and is answered as a new request.
+    let (status, headers, _) = send(&app, post(evicted[0])).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(
+        !headers.contains_key("idempotent-replayed"),
+        "an evicted key was answered as a replay"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        sent + 1,
+        "the evicted key ran once more"
+    );
+}
