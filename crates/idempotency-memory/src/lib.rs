@@ -55,8 +55,6 @@ use records::Records;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use moka;
-
 const BACKEND: &str = "memory";
 
 /// Builds a [`MemoryStore`].
