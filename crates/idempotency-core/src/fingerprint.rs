@@ -1,7 +1,28 @@
 //! Request fingerprints: what makes two requests "the same request".
 
 use sha2::{Digest, Sha256};
+use std::cell::RefCell;
 use std::fmt;
+
+thread_local! {
+    /// The canonical JSON form's buffers, one set per thread.
+    static BUFFERS: RefCell<crate::json::Buffers> = RefCell::default();
+}
+
+/// Runs `f` with this thread's canonicalisation buffers (fresh ones if they are in use or
+/// gone, as during thread teardown), then trims them.
+fn with_buffers<R>(mut f: impl FnMut(&mut crate::json::Buffers) -> R) -> R {
+    let kept = BUFFERS.try_with(|cell| {
+        let mut buffers = cell.try_borrow_mut().ok()?;
+        let result = f(&mut buffers);
+        buffers.trim();
+        Some(result)
+    });
+    match kept {
+        Ok(Some(result)) => result,
+        _ => f(&mut crate::json::Buffers::default()),
+    }
+}
 
 /// How the request body enters the fingerprint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -79,15 +100,44 @@ impl Fingerprint {
         headers: &http::HeaderMap,
         body: &[u8],
     ) -> Self {
-        let canonical = match spec.canonicalization {
-            BodyCanonicalization::Raw => None,
-            BodyCanonicalization::Json => {
-                crate::json::parse(body).map(|json| spec.projection.apply(json).canonical())
+        match (spec.canonicalization, &spec.projection) {
+            (BodyCanonicalization::Raw, _) => {
+                Self::hash_parts(spec, method, path_and_query, headers, body, false)
             }
-        };
-        let (algorithm, body) = match &canonical {
-            Some(c) => (FingerprintAlgorithm::Sha256CanonicalJson, c.as_slice()),
-            None => (FingerprintAlgorithm::Sha256Raw, body),
+            // The common case, on every request: written straight from the body into buffers
+            // the thread keeps, so it allocates nothing.
+            (BodyCanonicalization::Json, crate::json::Projection::Whole) => {
+                with_buffers(|buffers| {
+                    let (canonical, body) = match buffers.canonicalize(body) {
+                        Some(canonical) => (true, canonical),
+                        None => (false, body),
+                    };
+                    Self::hash_parts(spec, method, path_and_query, headers, body, canonical)
+                })
+            }
+            (BodyCanonicalization::Json, projection) => {
+                match crate::json::parse(body).map(|json| projection.apply(json).canonical()) {
+                    Some(canonical) => {
+                        Self::hash_parts(spec, method, path_and_query, headers, &canonical, true)
+                    }
+                    None => Self::hash_parts(spec, method, path_and_query, headers, body, false),
+                }
+            }
+        }
+    }
+
+    /// The fingerprint of a request whose body (canonical JSON when `canonical`) is `body`.
+    fn hash_parts(
+        spec: &FingerprintSpec,
+        method: &str,
+        path_and_query: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        canonical: bool,
+    ) -> Self {
+        let algorithm = match canonical {
+            true => FingerprintAlgorithm::Sha256CanonicalJson,
+            false => FingerprintAlgorithm::Sha256Raw,
         };
         let mut hasher = Sha256::new();
         hasher.update(b"idempotency-fingerprint-v1");
@@ -109,7 +159,7 @@ impl Fingerprint {
                 part(value.as_bytes());
             }
         }
-        if canonical.is_some() {
+        if canonical {
             match &spec.projection {
                 crate::json::Projection::Whole => {}
                 crate::json::Projection::Ignore(pointers) => {

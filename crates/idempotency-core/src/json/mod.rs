@@ -22,15 +22,19 @@
 //! orders and layouts share one canonical form.
 
 //!
-//! Files: `mod.rs` (the parser and the tree), `pointer.rs` (JSON pointers, and the projections a
-//! [`FingerprintSpec`](crate::FingerprintSpec) applies before the canonical form is written).
+//! Files: `mod.rs` (the parser and the tree), `stream.rs` (the canonical form written straight
+//! from the input, without a tree: what a fingerprint without a projection uses), `pointer.rs`
+//! (JSON pointers, and the projections a [`FingerprintSpec`](crate::FingerprintSpec) applies to
+//! the tree before the canonical form is written).
 
 mod pointer;
+mod stream;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use pointer::Projection;
 pub use pointer::{JsonPointer, JsonPointerError};
+pub(crate) use stream::Buffers;
 
 use std::fmt::Write as _;
 
@@ -60,9 +64,16 @@ pub(crate) fn parse(input: &[u8]) -> Option<Json> {
 }
 
 /// Returns the canonical form of `input`, or `None` when it is not JSON that can be
-/// canonicalised without changing its meaning.
+/// canonicalised without changing its meaning: written straight from the input, as
+/// fingerprints write it.
 #[cfg(test)]
 pub(crate) fn canonicalize(input: &[u8]) -> Option<Vec<u8>> {
+    Buffers::default().canonicalize(input).map(<[u8]>::to_vec)
+}
+
+/// The same through the tree, as projections write it.
+#[cfg(test)]
+pub(crate) fn canonicalize_tree(input: &[u8]) -> Option<Vec<u8>> {
     parse(input).map(|json| json.canonical())
 }
 

@@ -110,6 +110,32 @@ fn reversed_and_spaced(value: &serde_json::Value) -> String {
     }
 }
 
+/// Keys that sort differently written and unescaped, and pairs that are one key written two
+/// ways (`"a"` and `"\u0061"`, `"\n"` and `"\u000a"`).
+const ESCAPED_KEYS: &[&str] = &[
+    r#""a""#,
+    r#""b""#,
+    r#""\u0061""#,
+    r#""\n""#,
+    r#""\u000a""#,
+    r#""\"""#,
+    r#""\\""#,
+    r#""\u001f""#,
+    r#""\u00e9""#,
+    r#""é""#,
+    r#""\t""#,
+    r#""""#,
+    r#""a\u0000""#,
+    r#""a\b""#,
+    r#""\/""#,
+    r#""~""#,
+    r#""A""#,
+    r#""0""#,
+];
+
+/// The bytes JSON is made of, to build near-JSON at random.
+const JSON_BYTES: &[u8] = b"{}[],:\"\\ 0a1-.eEtrufnl\n";
+
 proptest::proptest! {
     #[test]
     fn agrees_with_serde_json_on_nested_documents(value in nested_document()) {
@@ -134,6 +160,34 @@ proptest::proptest! {
     #[test]
     fn never_panics_on_arbitrary_bytes(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
         let _ = canonicalize(&raw);
+    }
+
+    /// The form written straight from the input is the tree's, byte for byte, and refuses what
+    /// the tree refuses: for documents in any layout and key order.
+    #[test]
+    fn the_streamed_form_is_the_trees(value in nested_document()) {
+        for written in [
+            serde_json::to_vec(&value).unwrap(),
+            serde_json::to_vec_pretty(&value).unwrap(),
+            reversed_and_spaced(&value).into_bytes(),
+        ] {
+            proptest::prop_assert_eq!(canonicalize(&written), canonicalize_tree(&written));
+        }
+    }
+
+    /// The same for objects whose keys hold escapes, in any order, duplicates written
+    /// differently included, nested; and for strings of JSON's own characters.
+    #[test]
+    fn the_streamed_form_is_the_trees_on_escaped_keys_and_any_bytes(
+        keys in proptest::collection::vec(proptest::sample::select(ESCAPED_KEYS.to_vec()), 0..6),
+        raw in proptest::collection::vec(proptest::sample::select(JSON_BYTES.to_vec()), 0..48),
+    ) {
+        let members: Vec<String> = keys.iter().enumerate().map(|(i, k)| format!("{k}:{i}")).collect();
+        let object = format!("{{{}}}", members.join(","));
+        let nested = format!("[{object},{{\"k\":{object}}}]");
+        for written in [object.as_bytes(), nested.as_bytes(), raw.as_slice()] {
+            proptest::prop_assert_eq!(canonicalize(written), canonicalize_tree(written));
+        }
     }
 
     #[test]

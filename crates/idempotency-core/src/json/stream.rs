@@ -1,0 +1,418 @@
+//! The canonical form written straight from the input, without building a tree.
+//!
+//! The fingerprint of every JSON request goes through here, so it allocates nothing once its
+//! buffers have grown: strings and numbers are copied (strings re-escaped) into the output as
+//! they are read, and an object whose members arrive out of key order has its members' bytes
+//! moved into order when it closes (inner objects first, so an outer object moves finished
+//! bytes). The output is byte for byte what [`Json::canonical`](super::Json::canonical) writes
+//! for the parsed tree; a property test holds the two together. The tree is still what a
+//! [`Projection`](super::Projection) works on.
+
+use super::MAX_DEPTH;
+use std::cmp::Ordering;
+
+/// Buffers reused across calls: the output, the members of the objects being read, and the
+/// bytes of an object being put in key order.
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    out: Vec<u8>,
+    members: Vec<Member>,
+    moved: Vec<u8>,
+}
+
+/// Larger buffers are dropped after use, so one large body does not pin memory for the life of
+/// the thread.
+const KEPT_CAPACITY: usize = 64 * 1024;
+
+impl Buffers {
+    /// The canonical form of `input`, or `None` when it is not JSON that can be canonicalised
+    /// without changing its meaning (the same inputs [`parse`](super::parse) refuses).
+    pub(crate) fn canonicalize(&mut self, input: &[u8]) -> Option<&[u8]> {
+        self.out.clear();
+        self.members.clear();
+        let mut writer = Writer {
+            input,
+            pos: 0,
+            out: &mut self.out,
+            members: &mut self.members,
+            moved: &mut self.moved,
+        };
+        writer.skip_ws();
+        let whole = writer.value(0).is_some() && {
+            writer.skip_ws();
+            writer.pos == input.len()
+        };
+        whole.then_some(self.out.as_slice())
+    }
+
+    /// Gives back the memory of buffers grown past what is worth keeping.
+    pub(crate) fn trim(&mut self) {
+        for buffer in [&mut self.out, &mut self.moved] {
+            if buffer.capacity() > KEPT_CAPACITY {
+                *buffer = Vec::new();
+            }
+        }
+        if self.members.capacity() * std::mem::size_of::<Member>() > KEPT_CAPACITY {
+            self.members = Vec::new();
+        }
+    }
+}
+
+/// One member of an object being read, as offsets into the output: its key (with its quotes)
+/// starts at `start` and ends at `key_end`, its value ends at `end`.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    start: usize,
+    key_end: usize,
+    end: usize,
+    /// The key's canonical form holds an escape, so it sorts by its unescaped bytes, not its
+    /// written ones.
+    escaped: bool,
+}
+
+struct Writer<'a> {
+    input: &'a [u8],
+    pos: usize,
+    out: &'a mut Vec<u8>,
+    members: &'a mut Vec<Member>,
+    moved: &'a mut Vec<u8>,
+}
+
+impl Writer<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.pos += 1)
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Option<()> {
+        let end = self.pos.checked_add(word.len())?;
+        (self.input.get(self.pos..end)? == word).then(|| {
+            self.pos = end;
+            self.out.extend_from_slice(word);
+        })
+    }
+
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            b'"' => self.string().map(|_| ()),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'{')?;
+        self.out.push(b'{');
+        let first = self.members.len();
+        self.skip_ws();
+        if self.eat(b'}').is_none() {
+            loop {
+                self.skip_ws();
+                let start = self.out.len();
+                if self.peek()? != b'"' {
+                    return None;
+                }
+                let escaped = self.string()?;
+                let key_end = self.out.len();
+                self.skip_ws();
+                self.eat(b':')?;
+                self.out.push(b':');
+                self.skip_ws();
+                self.value(depth)?;
+                self.members.push(Member {
+                    start,
+                    key_end,
+                    end: self.out.len(),
+                    escaped,
+                });
+                self.skip_ws();
+                match self.peek()? {
+                    b',' => {
+                        self.pos += 1;
+                        self.out.push(b',');
+                    }
+                    b'}' => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        self.order_members(first)?;
+        self.members.truncate(first);
+        self.out.push(b'}');
+        Some(())
+    }
+
+    /// Puts the members from `first` on in key order; `None` on a duplicate key (parsers
+    /// disagree on which one wins, so the meaning is not fixed).
+    fn order_members(&mut self, first: usize) -> Option<()> {
+        let out = &*self.out;
+        let members = &mut self.members[first..];
+        let mut sorted = true;
+        for pair in members.windows(2) {
+            match compare_keys(out, &pair[0], &pair[1]) {
+                Ordering::Less => {}
+                Ordering::Equal => return None,
+                Ordering::Greater => sorted = false,
+            }
+        }
+        if sorted {
+            return Some(());
+        }
+        // Members were written in input order: the first starts the region to rewrite.
+        let region = members.first()?.start;
+        members.sort_unstable_by(|a, b| compare_keys(out, a, b));
+        if members
+            .windows(2)
+            .any(|pair| compare_keys(out, &pair[0], &pair[1]) == Ordering::Equal)
+        {
+            return None;
+        }
+        // Rewrite the members' bytes in order, from a copy.
+        self.moved.clear();
+        self.moved.extend_from_slice(&self.out[region..]);
+        self.out.truncate(region);
+        for (i, member) in members.iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            self.out
+                .extend_from_slice(&self.moved[member.start - region..member.end - region]);
+        }
+        Some(())
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'[')?;
+        self.out.push(b'[');
+        self.skip_ws();
+        if self.eat(b']').is_none() {
+            loop {
+                self.skip_ws();
+                self.value(depth)?;
+                self.skip_ws();
+                match self.peek()? {
+                    b',' => {
+                        self.pos += 1;
+                        self.out.push(b',');
+                    }
+                    b']' => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        self.out.push(b']');
+        Some(())
+    }
+
+    fn number(&mut self) -> Option<()> {
+        let start = self.pos;
+        let _ = self.eat(b'-');
+        match self.peek()? {
+            b'0' => self.pos += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.eat(b'.').is_some() {
+            self.digits_required()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.digits_required()?;
+        }
+        // Kept exactly as written.
+        self.out.extend_from_slice(&self.input[start..self.pos]);
+        Some(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn digits_required(&mut self) -> Option<()> {
+        let start = self.pos;
+        self.digits();
+        (self.pos > start).then_some(())
+    }
+
+    fn hex4(&mut self) -> Option<u16> {
+        let end = self.pos.checked_add(4)?;
+        let text = std::str::from_utf8(self.input.get(self.pos..end)?).ok()?;
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.pos = end;
+        u16::from_str_radix(text, 16).ok()
+    }
+
+    /// Copies a string in its canonical form; whether that form holds an escape.
+    fn string(&mut self) -> Option<bool> {
+        self.eat(b'"')?;
+        self.out.push(b'"');
+        let mut escaped = false;
+        loop {
+            // Copy the longest run of plain characters at once. `"`, `\` and control
+            // characters are ASCII, so a run never ends inside a UTF-8 sequence.
+            let run_start = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            let run = &self.input[run_start..self.pos];
+            std::str::from_utf8(run).ok()?;
+            self.out.extend_from_slice(run);
+            match self.peek()? {
+                b'"' => {
+                    self.pos += 1;
+                    self.out.push(b'"');
+                    return Some(escaped);
+                }
+                b'\\' => {
+                    self.pos += 1;
+                    let c = self.escape()?;
+                    escaped |= write_char(c, self.out);
+                }
+                // A raw control character inside a string is not JSON.
+                _ => return None,
+            }
+        }
+    }
+
+    /// The character an escape (after its `\`) stands for.
+    fn escape(&mut self) -> Option<char> {
+        let escaped = self.peek()?;
+        self.pos += 1;
+        Some(match escaped {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let first = self.hex4()?;
+                let code = match first {
+                    0xD800..=0xDBFF => {
+                        self.eat(b'\\')?;
+                        self.eat(b'u')?;
+                        let second = self.hex4()?;
+                        if !(0xDC00..=0xDFFF).contains(&second) {
+                            return None;
+                        }
+                        0x10000 + ((u32::from(first) - 0xD800) << 10) + (u32::from(second) - 0xDC00)
+                    }
+                    0xDC00..=0xDFFF => return None,
+                    other => u32::from(other),
+                };
+                char::from_u32(code)?
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Writes `c` as a canonical string writes it; whether that took an escape.
+fn write_char(c: char, out: &mut Vec<u8>) -> bool {
+    let escape: &[u8] = match c {
+        '"' => b"\\\"",
+        '\\' => b"\\\\",
+        '\n' => b"\\n",
+        '\r' => b"\\r",
+        '\t' => b"\\t",
+        '\u{8}' => b"\\b",
+        '\u{c}' => b"\\f",
+        c if (c as u32) < 0x20 => {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let code = c as usize;
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[code >> 4], HEX[code & 0xf]]);
+            return true;
+        }
+        c => {
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+            return false;
+        }
+    };
+    out.extend_from_slice(escape);
+    true
+}
+
+/// Orders two members by their keys' unescaped UTF-8 bytes, as the tree sorts them.
+fn compare_keys(out: &[u8], a: &Member, b: &Member) -> Ordering {
+    // Inside the quotes.
+    let key = |m: &Member| &out[m.start + 1..m.key_end - 1];
+    if !a.escaped && !b.escaped {
+        return key(a).cmp(key(b));
+    }
+    Unescaped(key(a)).cmp(Unescaped(key(b)))
+}
+
+/// The bytes a canonical string's contents stand for: its escapes undone. Every escape stands
+/// for one ASCII byte (the canonical form escapes only `"`, `\` and control characters).
+#[derive(Clone)]
+struct Unescaped<'a>(&'a [u8]);
+
+impl Iterator for Unescaped<'_> {
+    type Item = u8;
+
+    fn next(&mut self) -> Option<u8> {
+        let (&first, rest) = self.0.split_first()?;
+        if first != b'\\' {
+            self.0 = rest;
+            return Some(first);
+        }
+        let (&kind, rest) = rest.split_first()?;
+        let (byte, rest) = match kind {
+            b'n' => (b'\n', rest),
+            b'r' => (b'\r', rest),
+            b't' => (b'\t', rest),
+            b'b' => (0x08, rest),
+            b'f' => (0x0c, rest),
+            // `\u00XX`: two hex digits after `00`.
+            b'u' => {
+                let digits = rest.get(2..4)?;
+                let value = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| u8::from_str_radix(d, 16).ok())?;
+                (value, rest.get(4..)?)
+            }
+            // `\"` and `\\`.
+            other => (other, rest),
+        };
+        self.0 = rest;
+        Some(byte)
+    }
+}
