@@ -1,10 +1,13 @@
 //! The heartbeat: keeps a running request's lease from running out.
 //!
 //! Most requests finish long before their first heartbeat is due (a third of the lease), so a
-//! request does not get a task of its own: it registers in a per-engine schedule (an ordered
-//! map, one short lock to register and one to unregister), and one driver task per engine
-//! wakes when the earliest registration is due. Only a request still running then gets a
-//! heartbeat task, which extends its lease every third of it until the request finishes.
+//! request does not get a task of its own: it registers in a per-engine schedule (a slab: one
+//! short lock to take a slot and one to give it back, no ordering work and no allocation once
+//! the slab has grown to the requests running at once), and one driver task per engine wakes
+//! when the earliest registration is due. Only a request still running then gets a heartbeat
+//! task, which extends its lease every third of it until the request finishes. The driver
+//! finds the due registrations by scanning the slab, once a period or less: the slab holds the
+//! requests running now, not the requests served.
 //!
 //! Registering never wakes the driver: a wake-up from a worker thread queues the driver in that
 //! thread's LIFO slot, where no other worker can run it, and a handler that then blocks the
@@ -15,23 +18,37 @@
 use super::Shared;
 use super::lease::Lease;
 use crate::{ErrorChain, FenceOutcome, IdempotencyStore};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// A request's place in the schedule, to unregister it when it finishes.
+/// A request's place in the schedule, to unregister it when it finishes: its slot, and its
+/// sequence number, so that a slot the driver emptied and another request took is left alone.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Registration {
-    due: Instant,
+    slot: usize,
     seq: u64,
 }
 
-/// The requests waiting for their first heartbeat, earliest first.
+/// A registered request: when its first heartbeat is due.
+struct Waiting {
+    due: Instant,
+    seq: u64,
+    lease: Lease,
+}
+
+/// The slots of the requests waiting for their first heartbeat, and the free ones.
+#[derive(Default)]
+struct Slab {
+    slots: Vec<Option<Waiting>>,
+    free: Vec<usize>,
+}
+
+/// The requests waiting for their first heartbeat.
 pub(crate) struct Schedule {
-    due: Mutex<BTreeMap<(Instant, u64), Lease>>,
+    due: Mutex<Slab>,
     /// Time to the first heartbeat: a third of the engine's lease.
     period: Duration,
     next_seq: AtomicU64,
@@ -71,28 +88,42 @@ impl Schedule {
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, BTreeMap<(Instant, u64), Lease>> {
+    fn entries(&self) -> MutexGuard<'_, Slab> {
         // The map stays consistent whatever panicked while it was locked (no user code runs
         // under the lock), so a poisoned lock is still usable.
         self.due.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers `lease` for its first heartbeat, a third of its length from now. Returns the
-    /// registration and whether a driver task was started (it starts on this worker thread;
-    /// the caller yields once so that a handler blocking the thread cannot keep it from
-    /// starting).
+    /// Registers `lease` for its first heartbeat, a third of its length after its claim was
+    /// sent. Returns the registration and whether a driver task was started (it starts on this
+    /// worker thread; the caller yields once so that a handler blocking the thread cannot keep
+    /// it from starting).
     pub(crate) fn register<S: IdempotencyStore + 'static>(
         self: &Arc<Self>,
         shared: &Arc<Shared<S>>,
         lease: &Lease,
     ) -> (Registration, bool) {
         debug_assert_eq!(period(lease.length()), self.period);
-        let registration = Registration {
-            due: Instant::now() + self.period,
-            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting {
+            due: lease.claimed_at() + self.period,
+            seq,
+            lease: lease.clone(),
         };
-        self.entries()
-            .insert((registration.due, registration.seq), lease.clone());
+        let slot = {
+            let mut slab = self.entries();
+            match slab.free.pop() {
+                Some(slot) => {
+                    slab.slots[slot] = Some(waiting);
+                    slot
+                }
+                None => {
+                    slab.slots.push(Some(waiting));
+                    slab.slots.len() - 1
+                }
+            }
+        };
+        let registration = Registration { slot, seq };
         let started = !self.driver_alive.load(Ordering::Acquire)
             && self
                 .driver_alive
@@ -107,7 +138,19 @@ impl Schedule {
     /// Takes a finished request out of the schedule (a no-op when its heartbeat already
     /// started: that task ends when the lease says the heartbeat stopped).
     pub(crate) fn unregister(&self, registration: Registration) {
-        self.entries().remove(&(registration.due, registration.seq));
+        let removed = {
+            let mut slab = self.entries();
+            let slab = &mut *slab;
+            match slab.slots.get_mut(registration.slot) {
+                Some(slot) if slot.as_ref().is_some_and(|w| w.seq == registration.seq) => {
+                    slab.free.push(registration.slot);
+                    slot.take()
+                }
+                _ => None,
+            }
+        };
+        // The lease is dropped outside the lock.
+        drop(removed);
     }
 
     /// The engine is gone: the driver ends.
@@ -118,15 +161,26 @@ impl Schedule {
 
     /// Removes the registrations due at `now`; returns them and when the next one is due.
     fn take_due(&self, now: Instant) -> (Vec<Lease>, Option<Instant>) {
-        let mut entries = self.entries();
-        let mut due = Vec::new();
-        while let Some(entry) = entries.first_entry() {
-            if entry.key().0 > now {
-                return (due, Some(entry.key().0));
+        let mut slab = self.entries();
+        let slab = &mut *slab;
+        let (mut due, mut next) = (Vec::new(), None::<Instant>);
+        for (index, slot) in slab.slots.iter_mut().enumerate() {
+            match slot {
+                Some(waiting) if waiting.due <= now => {
+                    if let Some(waiting) = slot.take() {
+                        due.push(waiting.lease);
+                        slab.free.push(index);
+                    }
+                }
+                Some(waiting) => next = Some(next.map_or(waiting.due, |n| n.min(waiting.due))),
+                None => {}
             }
-            due.push(entry.remove());
         }
-        (due, None)
+        // Once every request has finished, give back a slab grown by a burst.
+        if slab.free.len() == slab.slots.len() && slab.slots.capacity() > 1024 {
+            *slab = Slab::default();
+        }
+        (due, next)
     }
 }
 

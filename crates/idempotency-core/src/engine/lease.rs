@@ -131,6 +131,11 @@ impl Lease {
         self.0.length
     }
 
+    /// When the claim was sent.
+    pub(crate) fn claimed_at(&self) -> Instant {
+        self.0.base
+    }
+
     /// An extension sent at `sent_at` succeeded.
     pub(crate) fn renewed(&self, sent_at: Instant) {
         let end = millis(sent_at.saturating_duration_since(self.0.base) + self.0.length);

@@ -192,20 +192,24 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         fingerprint: Fingerprint,
     ) -> Result<Begin<S>, StoreError> {
         let config = &self.shared.config;
+        let started = Instant::now();
         let mut pending = PendingClaim {
             shared: &self.shared,
             claim: Some((scope, key, LeaseToken::new())),
-            sent_at: Instant::now(),
+            sent_at: started,
             in_doubt: false,
         };
-        let deadline = Instant::now() + config.in_flight_wait;
+        let deadline = started + config.in_flight_wait;
         let mut poll = FIRST_POLL;
         let mut seen_running: Option<Duration> = None;
         loop {
             let Some((scope, key, token)) = pending.claim.as_ref() else {
                 unreachable!("the pending claim is only taken when begin returns")
             };
-            pending.sent_at = Instant::now();
+            if seen_running.is_some() {
+                // A claim sent again after waiting.
+                pending.sent_at = Instant::now();
+            }
             pending.in_doubt = true;
             let outcome = self
                 .shared
@@ -318,9 +322,9 @@ impl<S: IdempotencyStore> Shared<S> {
     ) -> Result<T, StoreError> {
         let backend = self.store.backend();
         let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(self.config.store_timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout {
+        let result = match bounded(self.config.store_timeout, call).await {
+            Some(result) => result,
+            None => Err(StoreError::Timeout {
                 backend,
                 timeout: self.config.store_timeout,
             }),
@@ -330,6 +334,19 @@ impl<S: IdempotencyStore> Shared<S> {
             self.metrics.error(op);
         }
         result
+    }
+}
+
+/// `call`, or `None` if it takes longer than `timeout`. A call that finishes on its first poll
+/// (an in-process store's always do) never arms a timer: the profile of fresh keys showed the
+/// timer's setup (reading the clock, finding the runtime) on every store call.
+async fn bounded<T>(timeout: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
+    use std::task::Poll;
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(result) => Some(result),
+        Poll::Pending => tokio::time::timeout(timeout, call).await.ok(),
     }
 }
 
