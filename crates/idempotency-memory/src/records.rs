@@ -3,9 +3,12 @@
 //! the claim's slot into the record in place.
 //!
 //! Completed records are bounded by the memory they take. Each shard keeps its completed records
-//! in the order they were last used (a queue of `(hash, stamp)` pairs; using a record again
-//! pushes it anew and leaves its old pair behind, skipped when reached and compacted away).
-//! At the bound, the least recently used record of one shard after another is evicted.
+//! in the order they were last used (a queue of [`Use`]s; using a record again pushes it anew
+//! and leaves its old use behind, skipped when reached and compacted away), and publishes when
+//! its least recently used record was last used in an atomic of its own. At the bound, eviction
+//! takes the shard whose published time is the oldest, so the store evicts its least recently
+//! used record, exact to the millisecond (records last used in the same millisecond in different
+//! shards go in any order), without a lock over the whole store: a scan of 64 atomics.
 //!
 //! This replaced a moka cache for the completed records: at the bound, moka's per-entry
 //! bookkeeping (its write log, access-order and timer-wheel nodes, the garbage collection of its
@@ -43,22 +46,23 @@ fn shard_index(hash: u64) -> usize {
     (hash >> SHARD_SHIFT) as usize % SHARDS
 }
 
+/// A shard's published time when it has no completed record to evict.
+const EMPTY: u64 = u64::MAX;
+
 /// What one completed record costs beyond its id and encoded response, in bytes: its slot in
 /// the table (with the table's spare capacity), its places in the recency queue, and the
 /// allocator's headers on the id and the response. Measured on x86-64 Linux with glibc by
 /// `tests/memory_bound.rs` (resident memory of a full store over the bytes counted).
-pub(crate) const COMPLETED_OVERHEAD: usize = 350;
+pub(crate) const COMPLETED_OVERHEAD: usize = 366;
 
 /// What happens when the completed records reach the bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WhenFull {
-    /// Evict the least recently used completed records to make room (the default). The order
-    /// is approximate: one shard's least recently used record at a time, shard after shard, so
-    /// it is close to the whole store's in a store of many records per shard (a 64 MiB store
-    /// of small responses holds ~1,500 per shard), and in a store of only a few dozen records
-    /// it is any shard's oldest, not the store's; a completion never evicts the record it
-    /// stored. A retry of an evicted key runs its request again; evictions
+    /// Evict the least recently used completed records to make room (the default): a record
+    /// read or replayed counts as used. The order is exact to the millisecond (records last
+    /// used in the same millisecond go in any order), and a completion never evicts the record
+    /// it stored. A retry of an evicted key runs its request again; evictions
     /// are counted ([`MemoryStore::evicted_records`](crate::MemoryStore::evicted_records) and
     /// `idempotency_memory_evictions_total`).
     #[default]
@@ -89,6 +93,28 @@ struct Completed {
     expires_at: Instant,
     /// Its latest place in the shard's recency queue.
     stamp: u64,
+}
+
+/// A use of a completed record, in its shard's recency queue: the record's hash, the stamp it
+/// was given (a use whose record is gone or was used again since, so carries another stamp, is
+/// stale), and when it happened (milliseconds after the store's epoch).
+#[derive(Clone, Copy, Debug)]
+struct Use {
+    hash: u64,
+    stamp: u64,
+    at: u64,
+}
+
+/// What [`Shard::evict_least_recently_used`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Eviction {
+    /// Evicted a record of this weight.
+    Freed(u64),
+    /// Nothing to evict: no completed record, or only the one the caller keeps.
+    Nothing,
+    /// The shard's least recently used record was used after the given time: another shard
+    /// holds an older one.
+    Newer,
 }
 
 #[derive(Debug)]
@@ -136,62 +162,76 @@ impl Entry {
 #[derive(Default)]
 struct Shard {
     table: HashTable<(RecordId, Entry)>,
-    /// Completed records from least to most recently used, as `(hash, stamp)`; a pair whose
-    /// record is gone or was used again since (its stamp differs) is stale.
-    recency: VecDeque<(u64, u64)>,
+    /// Uses of completed records from least to most recent; a stale one is skipped.
+    recency: VecDeque<Use>,
     next_stamp: u64,
     /// Completed records in `table`.
     completed: usize,
 }
 
 impl Shard {
-    /// A new stamp for a record of `hash` that was just used, queued as the most recent.
-    fn used(recency: &mut VecDeque<(u64, u64)>, next_stamp: &mut u64, hash: u64) -> u64 {
+    /// A new stamp for a record of `hash` used at `at`, queued as the most recent use.
+    fn used(recency: &mut VecDeque<Use>, next_stamp: &mut u64, hash: u64, at: u64) -> u64 {
         let stamp = *next_stamp;
         *next_stamp += 1;
-        recency.push_back((hash, stamp));
+        recency.push_back(Use { hash, stamp, at });
         stamp
     }
 
-    /// Drops stale pairs once they outnumber the records, so the queue stays within about
+    /// Whether `used` is the latest use of a record still in the table.
+    fn is_current(table: &HashTable<(RecordId, Entry)>, used: &Use) -> bool {
+        table
+            .find(
+                used.hash,
+                |(_, e)| matches!(e, Entry::Completed(c) if c.stamp == used.stamp),
+            )
+            .is_some()
+    }
+
+    /// Drops stale uses once they outnumber the records, so the queue stays within about
     /// twice the completed records (amortized: each pass halves it at least).
     fn compact(&mut self) {
         if self.recency.len() <= 2 * self.completed + 64 {
             return;
         }
         let table = &self.table;
-        self.recency.retain(|&(hash, stamp)| {
-            table
-                .find(
-                    hash,
-                    |(_, e)| matches!(e, Entry::Completed(c) if c.stamp == stamp),
-                )
-                .is_some()
-        });
+        self.recency.retain(|used| Self::is_current(table, used));
     }
 
-    /// Removes the least recently used completed record, unless it is the one stamped `keep`;
-    /// its weight, if there was one to remove.
-    fn evict_least_recently_used(&mut self, keep: Option<u64>) -> Option<u64> {
-        while let Some(&(hash, stamp)) = self.recency.front() {
-            if keep == Some(stamp) {
-                // Every pair before it was stale: the kept record is the shard's only one.
-                return None;
+    /// When this shard's least recently used record was last used, as far as its queue says
+    /// without looking at the records: never later than the truth (the front use may be stale,
+    /// its record used again since), [`EMPTY`] when the queue is.
+    fn oldest_use(&self) -> u64 {
+        self.recency.front().map_or(EMPTY, |used| used.at)
+    }
+
+    /// Removes the least recently used completed record, unless it is the one stamped `keep`
+    /// or it was used after `not_after` (another shard holds an older one).
+    fn evict_least_recently_used(&mut self, keep: Option<u64>, not_after: u64) -> Eviction {
+        while let Some(&front) = self.recency.front() {
+            if keep == Some(front.stamp) {
+                // Every use before it was stale: the kept record is the shard's only one.
+                return Eviction::Nothing;
+            }
+            let found = self.table.find_entry(
+                front.hash,
+                |(_, e)| matches!(e, Entry::Completed(c) if c.stamp == front.stamp),
+            );
+            let Ok(slot) = found else {
+                self.recency.pop_front();
+                continue;
+            };
+            if front.at > not_after {
+                return Eviction::Newer;
             }
             self.recency.pop_front();
-            let found = self.table.find_entry(
-                hash,
-                |(_, e)| matches!(e, Entry::Completed(c) if c.stamp == stamp),
-            );
-            if let Ok(slot) = found {
-                let ((id, entry), _) = slot.remove();
-                self.completed -= 1;
-                if let Entry::Completed(record) = entry {
-                    return Some(weight(id.len(), &record.encoded));
-                }
+            let ((id, entry), _) = slot.remove();
+            self.completed -= 1;
+            if let Entry::Completed(record) = entry {
+                return Eviction::Freed(weight(id.len(), &record.encoded));
             }
         }
-        None
+        Eviction::Nothing
     }
 
     /// Removes up to `budget` records that are no longer live: returns the claims and the
@@ -227,9 +267,11 @@ pub(crate) struct Records {
     max_bytes: u64,
     when_full: WhenFull,
     evicted: AtomicU64,
-    /// The next shard to evict from.
-    cursor: AtomicUsize,
-    /// When the table was built: the origin of `last_sweep`.
+    /// Each shard's [`Shard::oldest_use`], written under the shard's lock (and only when it
+    /// changes, so the cores do not pass these cache lines back and forth on every use), read
+    /// without it to pick the shard to evict from.
+    oldest: Box<[AtomicU64]>,
+    /// When the table was built: the origin of `last_sweep` and of the uses' times.
     epoch: Instant,
     /// Milliseconds from `epoch` to the last sweep of expired records a refused claim ran.
     last_sweep: AtomicU64,
@@ -255,7 +297,7 @@ impl Records {
             max_bytes,
             when_full,
             evicted: AtomicU64::new(0),
-            cursor: AtomicUsize::new(0),
+            oldest: (0..SHARDS).map(|_| AtomicU64::new(EMPTY)).collect(),
             epoch: Instant::now(),
             last_sweep: AtomicU64::new(0),
         }
@@ -271,6 +313,20 @@ impl Records {
     /// The shard of a record whose id carries `hash`: see [`shard_index`].
     fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
         self.lock(shard_index(hash))
+    }
+
+    /// Milliseconds from the store's epoch to `now`.
+    fn millis(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Publishes the oldest use of shard `index`, whose lock the caller holds as `shard`.
+    fn publish(&self, index: usize, shard: &Shard) {
+        let oldest = shard.oldest_use();
+        let published = &self.oldest[index];
+        if published.load(Ordering::Relaxed) != oldest {
+            published.store(oldest, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -379,10 +435,12 @@ impl Records {
         if let Some((_, entry)) = found {
             if entry.is_live(now) {
                 if let Entry::Completed(record) = entry {
-                    record.stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash);
+                    let at = self.millis(now);
+                    record.stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash, at);
                 }
                 let record = record_of(entry, now).map(ClaimOutcome::Existing);
                 shard.compact();
+                self.publish(shard_index(hash), shard);
                 return Attempt::Done(record);
             }
             // A lapsed claim or an expired record: the new claim takes its slot.
@@ -442,7 +500,8 @@ impl Records {
             _ => return FenceOutcome::Stale,
         };
         let added = weight(id.len(), &encoded);
-        let stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash);
+        let at = self.millis(now);
+        let stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash, at);
         *entry = Entry::Completed(Completed {
             fingerprint,
             encoded,
@@ -451,6 +510,7 @@ impl Records {
         });
         shard.completed += 1;
         shard.compact();
+        self.publish(shard_index(hash), shard);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_add(added, Ordering::Relaxed);
         drop(guard);
@@ -460,25 +520,55 @@ impl Records {
         FenceOutcome::Applied
     }
 
-    /// Evicts least recently used records, shard after shard, until the bound holds; never
-    /// `just_stored` (its shard and stamp), the record the calling completion stored: in a
-    /// store of few records its shard may hold nothing older, and evicting it would make the
-    /// retry that may follow at once run again. (A record heavier than the whole bound so
-    /// stays until the next completion.)
+    /// Evicts the least recently used records until the bound holds: each time from the shard
+    /// whose published oldest use is the oldest. Published times are never later than the
+    /// truth, so when that shard's least recently used record turns out to be newer than
+    /// another shard's published time, the shard publishes its true time and the choice is
+    /// made again. Never evicts `just_stored` (its shard and stamp), the record the calling
+    /// completion stored: in a store of few records it may be the oldest, and evicting it
+    /// would make the retry that may follow at once run again. (A record heavier than the
+    /// whole bound so stays until the next completion.)
     fn evict_to_bound(&self, just_stored: (usize, u64)) {
-        let mut empty_shards = 0;
-        while self.bytes() > self.max_bytes && empty_shards < SHARDS {
-            let index = self.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        // Shards with nothing to evict but the record just stored.
+        let mut passed = [false; SHARDS];
+        let mut choices = 0;
+        while self.bytes() > self.max_bytes {
+            choices += 1;
+            let (mut chosen, mut oldest, mut next) = (None, EMPTY, EMPTY);
+            for (index, published) in self.oldest.iter().enumerate() {
+                let at = published.load(Ordering::Relaxed);
+                if passed[index] || at == EMPTY {
+                    continue;
+                }
+                if chosen.is_none() || at < oldest {
+                    next = oldest;
+                    (chosen, oldest) = (Some(index), at);
+                } else if at < next {
+                    next = at;
+                }
+            }
+            let Some(index) = chosen else {
+                return;
+            };
+            // Each choice made again follows a shard publishing a later time, so this ends;
+            // the bound on choices only guards against completions elsewhere racing this one
+            // forever, after which the chosen shard's oldest record goes whatever its time.
+            let not_after = if choices > 4 * SHARDS { EMPTY } else { next };
             let keep = (index == just_stored.0).then_some(just_stored.1);
-            let freed = self.lock(index).evict_least_recently_used(keep);
-            match freed {
-                Some(freed) => {
-                    empty_shards = 0;
+            let eviction = {
+                let mut shard = self.lock(index);
+                let eviction = shard.evict_least_recently_used(keep, not_after);
+                self.publish(index, &shard);
+                eviction
+            };
+            match eviction {
+                Eviction::Freed(freed) => {
                     self.bytes.fetch_sub(freed, Ordering::Relaxed);
                     self.evicted.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("idempotency_memory_evictions_total").increment(1);
                 }
-                None => empty_shards += 1,
+                Eviction::Newer => {}
+                Eviction::Nothing => passed[index] = true,
             }
         }
     }
@@ -532,10 +622,12 @@ impl Records {
         let entry = &mut slot.get_mut().1;
         if entry.is_live(now) {
             if let Entry::Completed(record) = entry {
-                record.stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash);
+                let at = self.millis(now);
+                record.stamp = Shard::used(&mut shard.recency, &mut shard.next_stamp, hash, at);
             }
             let record = record_of(entry, now)?;
             shard.compact();
+            self.publish(shard_index(hash), shard);
             return Ok(Some(record));
         }
         let ((id, entry), _) = slot.remove();
@@ -646,8 +738,8 @@ mod tests {
     fn a_completion_never_evicts_the_record_it_stored() {
         let one = weight(spread_id(0).len(), &response().encode());
         let records = Records::new(one + one / 2, 100, WhenFull::EvictLeastRecentlyUsed);
-        // An older record in shard 1, then a new one in shard 0, where the eviction cursor
-        // starts and which holds nothing older than the new record.
+        // An older record in shard 1, then a new one in shard 0, which holds nothing older
+        // than the new record (the cursor of an earlier version of eviction started there).
         let (older, newer) = (spread_id(1), spread_id(0));
         assert_eq!(
             (shard_index(hash_of(&older)), shard_index(hash_of(&newer))),
@@ -670,6 +762,56 @@ mod tests {
         );
     }
 
+    /// Stores `id` and waits for the store's millisecond clock to move on, so the next use is
+    /// later by its clock.
+    fn store_id_then_tick(records: &Records, id: &[u8]) {
+        let token = LeaseToken::new();
+        records.claim(id, &fingerprint(), token, HOUR).unwrap();
+        let done = records.complete(id, token, &response(), HOUR);
+        assert_eq!(done, FenceOutcome::Applied);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+
+    /// Whether `id` has a completed record, without counting as a use.
+    fn holds(records: &Records, id: &[u8]) -> bool {
+        let hash = hash_of(id);
+        let shard = records.shard_of(hash);
+        let found = shard.table.find(hash, |(k, _)| **k == *id);
+        matches!(found, Some((_, Entry::Completed(_))))
+    }
+
+    #[test]
+    fn eviction_takes_the_store_s_least_recently_used_record_whatever_its_shard() {
+        let one = weight(spread_id(0).len(), &response().encode());
+        let records = Records::new(3 * one, 100, WhenFull::EvictLeastRecentlyUsed);
+        // Three records in shards 2, 1 and 0, oldest first; then the oldest is read again,
+        // so the one in shard 1 is the least recently used. Shard 0 comes first in any scan,
+        // and shard 2 held the oldest record before the read.
+        let ids = [spread_id(2), spread_id(1), spread_id(0)];
+        for id in &ids {
+            store_id_then_tick(&records, id);
+        }
+        assert!(records.get(&ids[0]).unwrap().is_some());
+        std::thread::sleep(Duration::from_millis(2));
+        // A fourth record, in shard 0, passes the bound: one record goes.
+        store_id_then_tick(&records, &spread_id(3));
+        assert_eq!(records.evicted(), 1);
+        assert!(!holds(&records, &ids[1]), "shard 1's record was evicted");
+        for kept in [&ids[0], &ids[2], &spread_id(3)] {
+            assert!(holds(&records, kept), "{kept:?} was kept");
+        }
+        // And the next: shard 0's first record is now the least recently used.
+        store_id_then_tick(&records, &spread_id(4));
+        assert_eq!(records.evicted(), 2);
+        assert!(
+            !holds(&records, &ids[2]),
+            "shard 0's first record was evicted"
+        );
+        for kept in [&ids[0], &spread_id(3), &spread_id(4)] {
+            assert!(holds(&records, kept), "{kept:?} was kept");
+        }
+    }
+
     #[test]
     fn a_replayed_record_does_not_grow_the_recency_queue_without_bound() {
         let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed);
@@ -681,8 +823,8 @@ mod tests {
         assert!(queued <= 2 + 64 + 1, "{queued} pairs queued for one record");
         // The record's own pair survived compaction: it is still evictable.
         assert_eq!(
-            records.lock(0).evict_least_recently_used(None),
-            Some(weight_of_one())
+            records.lock(0).evict_least_recently_used(None, EMPTY),
+            Eviction::Freed(weight_of_one())
         );
     }
 
@@ -701,7 +843,10 @@ mod tests {
         assert_eq!((records.bytes(), records.completed()), (0, 0));
         assert_eq!(records.in_flight(), 1);
         // Its old recency pair is stale: nothing is left to evict.
-        assert_eq!(records.lock(0).evict_least_recently_used(None), None);
+        assert_eq!(
+            records.lock(0).evict_least_recently_used(None, EMPTY),
+            Eviction::Nothing
+        );
     }
 
     #[test]
@@ -741,13 +886,33 @@ mod tests {
                             shard
                                 .recency
                                 .iter()
-                                .any(|&(h, s)| h == hash_of(id) && s == record.stamp),
+                                .any(|u| u.hash == hash_of(id) && u.stamp == record.stamp),
                             "a record missing from its shard's recency queue"
                         );
                     }
                 }
             }
             assert_eq!(shard.completed, in_shard, "shard {index}'s completed count");
+            // The published oldest use is never later than the shard's true least recent use
+            // (else eviction would pass over its records), and says empty only when it is.
+            let published = records.oldest[index].load(Ordering::Relaxed);
+            let truth = shard
+                .recency
+                .iter()
+                .filter(|u| Shard::is_current(&shard.table, u))
+                .map(|u| u.at)
+                .min();
+            if let Some(truth) = truth {
+                assert!(
+                    published <= truth,
+                    "shard {index} published {published}, oldest {truth}"
+                );
+            }
+            assert_eq!(
+                published == EMPTY,
+                shard.recency.is_empty(),
+                "shard {index}'s emptiness"
+            );
             completed += in_shard;
         }
         assert_eq!(records.in_flight(), in_flight, "in-flight count");

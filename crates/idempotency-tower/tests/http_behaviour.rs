@@ -795,8 +795,9 @@ async fn a_full_memory_store_refusing_claims_answers_503_and_runs_nothing() {
 /// The default at the bound, `WhenFull::EvictLeastRecentlyUsed`: completed keys are evicted
 /// to make room, so the retry of an evicted key runs the handler a second time and the client
 /// gets a fresh 201 (no `idempotent-replayed`); the key completed last still replays, and
-/// nothing is refused. (Which old key goes is approximate: each shard's least recently used,
-/// shard after shard; the test asks the store which ones it evicted.)
+/// nothing is refused. (Which old key goes is the least recently used to the millisecond; keys
+/// completed in the same millisecond go in any order, so the test asks the store which ones it
+/// evicted.)
 #[tokio::test]
 async fn a_full_evicting_memory_store_runs_an_evicted_key_again_and_replays_a_recent_one() {
     let runs = Arc::new(AtomicUsize::new(0));

@@ -13,7 +13,9 @@
 //! thread's LIFO slot, where no other worker can run it, and a handler that then blocks the
 //! thread would keep it from ever running. Instead the driver never sleeps longer than one
 //! period: every lease has the engine's length, so a request registered while it sleeps is due
-//! no earlier than the driver wakes.
+//! no earlier than the driver wakes, or, if its claim was sent before the driver went to sleep,
+//! earlier by at most that claim's round trip: its first heartbeat starts that much late, a
+//! small part of the two periods the lease still has.
 
 use super::Shared;
 use super::lease::Lease;
