@@ -22,11 +22,13 @@
 //! orders and layouts share one canonical form.
 
 //!
-//! Files: `mod.rs` (the parser and the tree), `stream.rs` (the canonical form written straight
+//! Files: `mod.rs` (the parser and the tree), `lex.rs` (the tokens and the canonical escaping
+//! both readers share), `stream.rs` (the canonical form written straight
 //! from the input, without a tree: what a fingerprint without a projection uses), `pointer.rs`
 //! (JSON pointers, and the projections a [`FingerprintSpec`](crate::FingerprintSpec) applies to
 //! the tree before the canonical form is written).
 
+mod lex;
 mod pointer;
 mod stream;
 #[cfg(test)]
@@ -36,7 +38,7 @@ pub(crate) use pointer::Projection;
 pub use pointer::{JsonPointer, JsonPointerError};
 pub(crate) use stream::Buffers;
 
-use std::fmt::Write as _;
+use lex::{Cursor, Piece, write_char};
 
 /// Deepest nesting of arrays and objects accepted.
 pub(crate) const MAX_DEPTH: usize = 128;
@@ -56,11 +58,11 @@ pub(crate) enum Json {
 /// Parses `input`, or `None` when it is not JSON that can be canonicalised without changing its
 /// meaning.
 pub(crate) fn parse(input: &[u8]) -> Option<Json> {
-    let mut parser = Parser { input, pos: 0 };
-    parser.skip_ws();
-    let value = parser.value(0)?;
-    parser.skip_ws();
-    (parser.pos == input.len()).then_some(value)
+    let mut cursor = Cursor::new(input);
+    cursor.skip_ws();
+    let value = value(&mut cursor, 0)?;
+    cursor.skip_ws();
+    cursor.at_end().then_some(value)
 }
 
 /// Returns the canonical form of `input`, or `None` when it is not JSON that can be
@@ -80,266 +82,125 @@ pub(crate) fn canonicalize_tree(input: &[u8]) -> Option<Vec<u8>> {
 impl Json {
     /// The canonical form: members in key order, no white space, strings escaped one way.
     pub(crate) fn canonical(&self) -> Vec<u8> {
-        let mut out = String::new();
+        let mut out = Vec::new();
         self.write(&mut out);
-        out.into_bytes()
+        out
     }
 
-    fn write(&self, out: &mut String) {
+    fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(true) => out.push_str("true"),
-            Json::Bool(false) => out.push_str("false"),
-            Json::Number(literal) => out.push_str(literal),
+            Json::Null => out.extend_from_slice(b"null"),
+            Json::Bool(true) => out.extend_from_slice(b"true"),
+            Json::Bool(false) => out.extend_from_slice(b"false"),
+            Json::Number(literal) => out.extend_from_slice(literal.as_bytes()),
             Json::String(s) => write_string(s, out),
             Json::Array(items) => {
-                out.push('[');
+                out.push(b'[');
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.push(b',');
                     }
                     item.write(out);
                 }
-                out.push(']');
+                out.push(b']');
             }
             Json::Object(members) => {
-                out.push('{');
+                out.push(b'{');
                 for (i, (key, value)) in members.iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.push(b',');
                     }
                     write_string(key, out);
-                    out.push(':');
+                    out.push(b':');
                     value.write(out);
                 }
-                out.push('}');
+                out.push(b'}');
             }
         }
     }
 }
 
-struct Parser<'a> {
-    input: &'a [u8],
-    pos: usize,
+fn value(cursor: &mut Cursor<'_>, depth: usize) -> Option<Json> {
+    match cursor.peek()? {
+        b'{' => object(cursor, depth + 1),
+        b'[' => array(cursor, depth + 1),
+        b'"' => string(cursor).map(Json::String),
+        b't' => cursor.literal(b"true").map(|()| Json::Bool(true)),
+        b'f' => cursor.literal(b"false").map(|()| Json::Bool(false)),
+        b'n' => cursor.literal(b"null").map(|()| Json::Null),
+        b'-' | b'0'..=b'9' => cursor.number().map(|n| Json::Number(n.to_owned())),
+        _ => None,
+    }
 }
 
-impl Parser<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.input.get(self.pos).copied()
+fn object(cursor: &mut Cursor<'_>, depth: usize) -> Option<Json> {
+    if depth > MAX_DEPTH {
+        return None;
     }
-
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        (self.peek()? == byte).then(|| self.pos += 1)
-    }
-
-    fn literal(&mut self, word: &'static str, value: Json) -> Option<Json> {
-        let end = self.pos.checked_add(word.len())?;
-        (self.input.get(self.pos..end)? == word.as_bytes()).then(|| {
-            self.pos = end;
-            value
-        })
-    }
-
-    fn value(&mut self, depth: usize) -> Option<Json> {
-        match self.peek()? {
-            b'{' => self.object(depth + 1),
-            b'[' => self.array(depth + 1),
-            b'"' => self.string().map(Json::String),
-            b't' => self.literal("true", Json::Bool(true)),
-            b'f' => self.literal("false", Json::Bool(false)),
-            b'n' => self.literal("null", Json::Null),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
-        }
-    }
-
-    fn object(&mut self, depth: usize) -> Option<Json> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.eat(b'{')?;
-        let mut members: Vec<(String, Json)> = Vec::new();
-        self.skip_ws();
-        if self.eat(b'}').is_none() {
-            loop {
-                self.skip_ws();
-                let key = self.string()?;
-                self.skip_ws();
-                self.eat(b':')?;
-                self.skip_ws();
-                let value = self.value(depth)?;
-                members.push((key, value));
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => self.pos += 1,
-                    b'}' => {
-                        self.pos += 1;
-                        break;
-                    }
-                    _ => return None,
-                }
-            }
-        }
-        members.sort_by(|a, b| a.0.cmp(&b.0));
-        if members.windows(2).any(|w| w[0].0 == w[1].0) {
-            // Duplicate keys: parsers disagree on which one wins, so the meaning is not fixed.
-            return None;
-        }
-        Some(Json::Object(members))
-    }
-
-    fn array(&mut self, depth: usize) -> Option<Json> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.eat(b'[')?;
-        let mut items = Vec::new();
-        self.skip_ws();
-        if self.eat(b']').is_none() {
-            loop {
-                self.skip_ws();
-                items.push(self.value(depth)?);
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => self.pos += 1,
-                    b']' => {
-                        self.pos += 1;
-                        break;
-                    }
-                    _ => return None,
-                }
-            }
-        }
-        Some(Json::Array(items))
-    }
-
-    fn number(&mut self) -> Option<Json> {
-        let start = self.pos;
-        let _ = self.eat(b'-');
-        match self.peek()? {
-            b'0' => self.pos += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.eat(b'.').is_some() {
-            self.digits_required()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
-            }
-            self.digits_required()?;
-        }
-        // The grammar above only admits ASCII, so this is valid UTF-8.
-        let literal = std::str::from_utf8(&self.input[start..self.pos]).ok()?;
-        Some(Json::Number(literal.to_owned()))
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn digits_required(&mut self) -> Option<()> {
-        let start = self.pos;
-        self.digits();
-        (self.pos > start).then_some(())
-    }
-
-    fn hex4(&mut self) -> Option<u16> {
-        let end = self.pos.checked_add(4)?;
-        let text = std::str::from_utf8(self.input.get(self.pos..end)?).ok()?;
-        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        self.pos = end;
-        u16::from_str_radix(text, 16).ok()
-    }
-
-    fn string(&mut self) -> Option<String> {
-        self.eat(b'"')?;
-        let mut out = String::new();
+    cursor.eat(b'{')?;
+    let mut members: Vec<(String, Json)> = Vec::new();
+    cursor.skip_ws();
+    if cursor.eat(b'}').is_none() {
         loop {
-            // Copy the longest run of plain characters at once.
-            let run_start = self.pos;
-            while let Some(b) = self.peek() {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.pos += 1;
+            cursor.skip_ws();
+            let key = string(cursor)?;
+            cursor.skip_ws();
+            cursor.eat(b':')?;
+            cursor.skip_ws();
+            members.push((key, value(cursor, depth)?));
+            cursor.skip_ws();
+            if cursor.eat(b'}').is_some() {
+                break;
             }
-            out.push_str(std::str::from_utf8(&self.input[run_start..self.pos]).ok()?);
-            match self.peek()? {
-                b'"' => {
-                    self.pos += 1;
-                    return Some(out);
-                }
-                b'\\' => {
-                    self.pos += 1;
-                    let escaped = self.peek()?;
-                    self.pos += 1;
-                    match escaped {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let first = self.hex4()?;
-                            let code = match first {
-                                0xD800..=0xDBFF => {
-                                    self.eat(b'\\')?;
-                                    self.eat(b'u')?;
-                                    let second = self.hex4()?;
-                                    if !(0xDC00..=0xDFFF).contains(&second) {
-                                        return None;
-                                    }
-                                    0x10000
-                                        + ((u32::from(first) - 0xD800) << 10)
-                                        + (u32::from(second) - 0xDC00)
-                                }
-                                0xDC00..=0xDFFF => return None,
-                                other => u32::from(other),
-                            };
-                            out.push(char::from_u32(code)?);
-                        }
-                        _ => return None,
-                    }
-                }
-                // A raw control character inside a string is not JSON.
-                _ => return None,
+            cursor.eat(b',')?;
+        }
+    }
+    members.sort_by(|a, b| a.0.cmp(&b.0));
+    if members.windows(2).any(|w| w[0].0 == w[1].0) {
+        // Duplicate keys: parsers disagree on which one wins, so the meaning is not fixed.
+        return None;
+    }
+    Some(Json::Object(members))
+}
+
+fn array(cursor: &mut Cursor<'_>, depth: usize) -> Option<Json> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    cursor.eat(b'[')?;
+    let mut items = Vec::new();
+    cursor.skip_ws();
+    if cursor.eat(b']').is_none() {
+        loop {
+            cursor.skip_ws();
+            items.push(value(cursor, depth)?);
+            cursor.skip_ws();
+            if cursor.eat(b']').is_some() {
+                break;
             }
+            cursor.eat(b',')?;
+        }
+    }
+    Some(Json::Array(items))
+}
+
+/// A string, unescaped.
+fn string(cursor: &mut Cursor<'_>) -> Option<String> {
+    cursor.eat(b'"')?;
+    let mut out = String::new();
+    loop {
+        match cursor.piece()? {
+            Piece::Run(run) => out.push_str(run),
+            Piece::Char(c) => out.push(c),
+            Piece::End => return Some(out),
         }
     }
 }
 
-fn write_string(s: &str, out: &mut String) {
-    out.push('"');
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
     for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+        write_char(c, out);
     }
-    out.push('"');
+    out.push(b'"');
 }

@@ -9,6 +9,7 @@
 //! [`Projection`](super::Projection) works on.
 
 use super::MAX_DEPTH;
+use super::lex::{Cursor, Piece, write_char};
 use std::cmp::Ordering;
 
 /// Buffers reused across calls: the output, the members of the objects being read, and the
@@ -31,16 +32,15 @@ impl Buffers {
         self.out.clear();
         self.members.clear();
         let mut writer = Writer {
-            input,
-            pos: 0,
+            cursor: Cursor::new(input),
             out: &mut self.out,
             members: &mut self.members,
             moved: &mut self.moved,
         };
-        writer.skip_ws();
+        writer.cursor.skip_ws();
         let whole = writer.value(0).is_some() && {
-            writer.skip_ws();
-            writer.pos == input.len()
+            writer.cursor.skip_ws();
+            writer.cursor.at_end()
         };
         whole.then_some(self.out.as_slice())
     }
@@ -71,70 +71,55 @@ struct Member {
 }
 
 struct Writer<'a> {
-    input: &'a [u8],
-    pos: usize,
+    cursor: Cursor<'a>,
     out: &'a mut Vec<u8>,
     members: &'a mut Vec<Member>,
     moved: &'a mut Vec<u8>,
 }
 
 impl Writer<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.input.get(self.pos).copied()
-    }
-
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        (self.peek()? == byte).then(|| self.pos += 1)
-    }
-
-    fn literal(&mut self, word: &'static [u8]) -> Option<()> {
-        let end = self.pos.checked_add(word.len())?;
-        (self.input.get(self.pos..end)? == word).then(|| {
-            self.pos = end;
-            self.out.extend_from_slice(word);
-        })
-    }
-
     fn value(&mut self, depth: usize) -> Option<()> {
-        match self.peek()? {
+        match self.cursor.peek()? {
             b'{' => self.object(depth + 1),
             b'[' => self.array(depth + 1),
             b'"' => self.string().map(|_| ()),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
+            b'-' | b'0'..=b'9' => {
+                // Kept exactly as written.
+                let number = self.cursor.number()?;
+                self.out.extend_from_slice(number.as_bytes());
+                Some(())
+            }
             _ => None,
         }
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Option<()> {
+        self.cursor.literal(word)?;
+        self.out.extend_from_slice(word);
+        Some(())
     }
 
     fn object(&mut self, depth: usize) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
-        self.eat(b'{')?;
+        self.cursor.eat(b'{')?;
         self.out.push(b'{');
         let first = self.members.len();
-        self.skip_ws();
-        if self.eat(b'}').is_none() {
+        self.cursor.skip_ws();
+        if self.cursor.eat(b'}').is_none() {
             loop {
-                self.skip_ws();
+                self.cursor.skip_ws();
                 let start = self.out.len();
-                if self.peek()? != b'"' {
-                    return None;
-                }
                 let escaped = self.string()?;
                 let key_end = self.out.len();
-                self.skip_ws();
-                self.eat(b':')?;
+                self.cursor.skip_ws();
+                self.cursor.eat(b':')?;
                 self.out.push(b':');
-                self.skip_ws();
+                self.cursor.skip_ws();
                 self.value(depth)?;
                 self.members.push(Member {
                     start,
@@ -142,18 +127,12 @@ impl Writer<'_> {
                     end: self.out.len(),
                     escaped,
                 });
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => {
-                        self.pos += 1;
-                        self.out.push(b',');
-                    }
-                    b'}' => {
-                        self.pos += 1;
-                        break;
-                    }
-                    _ => return None,
+                self.cursor.skip_ws();
+                if self.cursor.eat(b'}').is_some() {
+                    break;
                 }
+                self.cursor.eat(b',')?;
+                self.out.push(b',');
             }
         }
         self.order_members(first)?;
@@ -205,169 +184,41 @@ impl Writer<'_> {
         if depth > MAX_DEPTH {
             return None;
         }
-        self.eat(b'[')?;
+        self.cursor.eat(b'[')?;
         self.out.push(b'[');
-        self.skip_ws();
-        if self.eat(b']').is_none() {
+        self.cursor.skip_ws();
+        if self.cursor.eat(b']').is_none() {
             loop {
-                self.skip_ws();
+                self.cursor.skip_ws();
                 self.value(depth)?;
-                self.skip_ws();
-                match self.peek()? {
-                    b',' => {
-                        self.pos += 1;
-                        self.out.push(b',');
-                    }
-                    b']' => {
-                        self.pos += 1;
-                        break;
-                    }
-                    _ => return None,
+                self.cursor.skip_ws();
+                if self.cursor.eat(b']').is_some() {
+                    break;
                 }
+                self.cursor.eat(b',')?;
+                self.out.push(b',');
             }
         }
         self.out.push(b']');
         Some(())
     }
 
-    fn number(&mut self) -> Option<()> {
-        let start = self.pos;
-        let _ = self.eat(b'-');
-        match self.peek()? {
-            b'0' => self.pos += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.eat(b'.').is_some() {
-            self.digits_required()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
-            }
-            self.digits_required()?;
-        }
-        // Kept exactly as written.
-        self.out.extend_from_slice(&self.input[start..self.pos]);
-        Some(())
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn digits_required(&mut self) -> Option<()> {
-        let start = self.pos;
-        self.digits();
-        (self.pos > start).then_some(())
-    }
-
-    fn hex4(&mut self) -> Option<u16> {
-        let end = self.pos.checked_add(4)?;
-        let text = std::str::from_utf8(self.input.get(self.pos..end)?).ok()?;
-        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        self.pos = end;
-        u16::from_str_radix(text, 16).ok()
-    }
-
     /// Copies a string in its canonical form; whether that form holds an escape.
     fn string(&mut self) -> Option<bool> {
-        self.eat(b'"')?;
+        self.cursor.eat(b'"')?;
         self.out.push(b'"');
         let mut escaped = false;
         loop {
-            // Copy the longest run of plain characters at once. `"`, `\` and control
-            // characters are ASCII, so a run never ends inside a UTF-8 sequence.
-            let run_start = self.pos;
-            while let Some(b) = self.peek() {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.pos += 1;
-            }
-            let run = &self.input[run_start..self.pos];
-            std::str::from_utf8(run).ok()?;
-            self.out.extend_from_slice(run);
-            match self.peek()? {
-                b'"' => {
-                    self.pos += 1;
+            match self.cursor.piece()? {
+                Piece::Run(run) => self.out.extend_from_slice(run.as_bytes()),
+                Piece::Char(c) => escaped |= write_char(c, self.out),
+                Piece::End => {
                     self.out.push(b'"');
                     return Some(escaped);
                 }
-                b'\\' => {
-                    self.pos += 1;
-                    let c = self.escape()?;
-                    escaped |= write_char(c, self.out);
-                }
-                // A raw control character inside a string is not JSON.
-                _ => return None,
             }
         }
     }
-
-    /// The character an escape (after its `\`) stands for.
-    fn escape(&mut self) -> Option<char> {
-        let escaped = self.peek()?;
-        self.pos += 1;
-        Some(match escaped {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
-            b'u' => {
-                let first = self.hex4()?;
-                let code = match first {
-                    0xD800..=0xDBFF => {
-                        self.eat(b'\\')?;
-                        self.eat(b'u')?;
-                        let second = self.hex4()?;
-                        if !(0xDC00..=0xDFFF).contains(&second) {
-                            return None;
-                        }
-                        0x10000 + ((u32::from(first) - 0xD800) << 10) + (u32::from(second) - 0xDC00)
-                    }
-                    0xDC00..=0xDFFF => return None,
-                    other => u32::from(other),
-                };
-                char::from_u32(code)?
-            }
-            _ => return None,
-        })
-    }
-}
-
-/// Writes `c` as a canonical string writes it; whether that took an escape.
-fn write_char(c: char, out: &mut Vec<u8>) -> bool {
-    let escape: &[u8] = match c {
-        '"' => b"\\\"",
-        '\\' => b"\\\\",
-        '\n' => b"\\n",
-        '\r' => b"\\r",
-        '\t' => b"\\t",
-        '\u{8}' => b"\\b",
-        '\u{c}' => b"\\f",
-        c if (c as u32) < 0x20 => {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            let code = c as usize;
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[code >> 4], HEX[code & 0xf]]);
-            return true;
-        }
-        c => {
-            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
-            return false;
-        }
-    };
-    out.extend_from_slice(escape);
-    true
 }
 
 /// Orders two members by their keys' unescaped UTF-8 bytes, as the tree sorts them.
