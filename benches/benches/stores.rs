@@ -2,7 +2,7 @@
 //! --bench stores`. Unreachable stores are skipped with one line each.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use idempotency::{ClaimOutcome, IdempotencyStore, LeaseToken, ReplayTier};
+use idempotency::{ClaimOutcome, IdempotencyStore, LeaseToken, MemoryStore, ReplayTier};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_runtime,
     bench_scope, connect, fresh_key,
@@ -131,6 +131,38 @@ fn stores(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+
+    // `MemoryStore::default()` at its bound (64 MiB): each fresh key's completion evicts the
+    // store's least recently used record, as in the HTTP fresh-key workload once it is full.
+    let full = MemoryStore::default();
+    let store_one = |key, token| {
+        let (full, scope, response) = (&full, &scope, &response);
+        async move {
+            let claimed = full.claim(scope, &key, &fp, token, LEASE).await;
+            assert!(matches!(claimed, Ok(ClaimOutcome::Claimed)));
+            let completed = full.complete(scope, &key, token, response, RETENTION).await;
+            assert!(completed.is_ok());
+        }
+    };
+    runtime.block_on(async {
+        while full.evicted_records() == 0 {
+            store_one(fresh_key(), LeaseToken::new()).await;
+        }
+    });
+    let mut group = c.benchmark_group("memory_at_bound");
+    group.bench_function("claim_complete_evict", |b| {
+        b.to_async(&runtime).iter_custom(|iters| async move {
+            let mut measured = Duration::ZERO;
+            for _ in 0..iters {
+                let (key, token) = (fresh_key(), LeaseToken::new());
+                let started = Instant::now();
+                store_one(key, token).await;
+                measured += started.elapsed();
+            }
+            measured
+        })
+    });
     group.finish();
 
     for (_, store) in &connected {

@@ -185,3 +185,41 @@ pub(super) fn write_char(c: char, out: &mut Vec<u8>) -> bool {
     out.extend_from_slice(escape);
     true
 }
+
+/// The bytes a canonical string's contents stand for: what [`write_char`] wrote, its escapes
+/// undone. Every escape stands for one ASCII byte (the canonical form escapes only `"`, `\`
+/// and control characters).
+#[derive(Clone)]
+pub(super) struct Unescaped<'a>(pub(super) &'a [u8]);
+
+impl Iterator for Unescaped<'_> {
+    type Item = u8;
+
+    fn next(&mut self) -> Option<u8> {
+        let (&first, rest) = self.0.split_first()?;
+        if first != b'\\' {
+            self.0 = rest;
+            return Some(first);
+        }
+        let (&kind, rest) = rest.split_first()?;
+        let (byte, rest) = match kind {
+            b'n' => (b'\n', rest),
+            b'r' => (b'\r', rest),
+            b't' => (b'\t', rest),
+            b'b' => (0x08, rest),
+            b'f' => (0x0c, rest),
+            // `\u00XX`: two hex digits after `00`.
+            b'u' => {
+                let digits = rest.get(2..4)?;
+                let value = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| u8::from_str_radix(d, 16).ok())?;
+                (value, rest.get(4..)?)
+            }
+            // `\"` and `\\`.
+            other => (other, rest),
+        };
+        self.0 = rest;
+        Some(byte)
+    }
+}

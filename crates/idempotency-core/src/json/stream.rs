@@ -9,7 +9,7 @@
 //! [`Projection`](super::Projection) works on.
 
 use super::MAX_DEPTH;
-use super::lex::{Cursor, Piece, write_char};
+use super::lex::{Cursor, Piece, Unescaped, write_char};
 use std::cmp::Ordering;
 
 /// Buffers reused across calls: the output, the members of the objects being read, and the
@@ -229,41 +229,4 @@ fn compare_keys(out: &[u8], a: &Member, b: &Member) -> Ordering {
         return key(a).cmp(key(b));
     }
     Unescaped(key(a)).cmp(Unescaped(key(b)))
-}
-
-/// The bytes a canonical string's contents stand for: its escapes undone. Every escape stands
-/// for one ASCII byte (the canonical form escapes only `"`, `\` and control characters).
-#[derive(Clone)]
-struct Unescaped<'a>(&'a [u8]);
-
-impl Iterator for Unescaped<'_> {
-    type Item = u8;
-
-    fn next(&mut self) -> Option<u8> {
-        let (&first, rest) = self.0.split_first()?;
-        if first != b'\\' {
-            self.0 = rest;
-            return Some(first);
-        }
-        let (&kind, rest) = rest.split_first()?;
-        let (byte, rest) = match kind {
-            b'n' => (b'\n', rest),
-            b'r' => (b'\r', rest),
-            b't' => (b'\t', rest),
-            b'b' => (0x08, rest),
-            b'f' => (0x0c, rest),
-            // `\u00XX`: two hex digits after `00`.
-            b'u' => {
-                let digits = rest.get(2..4)?;
-                let value = std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| u8::from_str_radix(d, 16).ok())?;
-                (value, rest.get(4..)?)
-            }
-            // `\"` and `\\`.
-            other => (other, rest),
-        };
-        self.0 = rest;
-        Some(byte)
-    }
 }

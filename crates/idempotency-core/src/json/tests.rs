@@ -254,3 +254,14 @@ fn keep_counts_only_the_named_parts_with_their_objects() {
         r#"{"order":{"item":"tea","note":"hi","qty":2}}"#
     );
 }
+
+#[test]
+fn unescaping_a_canonical_string_gives_back_its_bytes() {
+    for c in (0u8..0x80).map(char::from).chain(['é', '😀']) {
+        let mut written = Vec::new();
+        let escaped = lex::write_char(c, &mut written);
+        assert_eq!(escaped, written.first() == Some(&b'\\'), "{c:?}");
+        let back: Vec<u8> = lex::Unescaped(&written).collect();
+        assert_eq!(back, c.to_string().into_bytes(), "{c:?}");
+    }
+}
