@@ -531,9 +531,9 @@ impl Records {
     fn evict_to_bound(&self, just_stored: (usize, u64)) {
         // Shards with nothing to evict but the record just stored.
         let mut passed = [false; SHARDS];
-        let mut choices = 0;
+        // Choices made again because the chosen shard's oldest record was newer than it said.
+        let mut made_again = 0;
         while self.bytes() > self.max_bytes {
-            choices += 1;
             let (mut chosen, mut oldest, mut next) = (None, EMPTY, EMPTY);
             for (index, published) in self.oldest.iter().enumerate() {
                 let at = published.load(Ordering::Relaxed);
@@ -551,9 +551,9 @@ impl Records {
                 return;
             };
             // Each choice made again follows a shard publishing a later time, so this ends;
-            // the bound on choices only guards against completions elsewhere racing this one
-            // forever, after which the chosen shard's oldest record goes whatever its time.
-            let not_after = if choices > 4 * SHARDS { EMPTY } else { next };
+            // the bound only guards against completions elsewhere racing this one forever,
+            // after which the chosen shard's oldest record goes whatever its time.
+            let not_after = if made_again > 4 * SHARDS { EMPTY } else { next };
             let keep = (index == just_stored.0).then_some(just_stored.1);
             let eviction = {
                 let mut shard = self.lock(index);
@@ -567,7 +567,7 @@ impl Records {
                     self.evicted.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("idempotency_memory_evictions_total").increment(1);
                 }
-                Eviction::Newer => {}
+                Eviction::Newer => made_again += 1,
                 Eviction::Nothing => passed[index] = true,
             }
         }
