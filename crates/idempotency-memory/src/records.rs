@@ -812,6 +812,51 @@ mod tests {
         }
     }
 
+    /// An id in shard `shard`, distinct per `n`.
+    fn id_in(shard: u64, n: u16) -> Vec<u8> {
+        let hash = (shard << SHARD_SHIFT) | u64::from(n);
+        let mut id = hash.to_le_bytes().to_vec();
+        id.extend_from_slice(&n.to_le_bytes());
+        id
+    }
+
+    #[test]
+    fn one_completion_evicting_hundreds_of_records_keeps_the_order() {
+        let one = weight(id_in(0, 0).len(), &response().encode());
+        // 300 records in shard 1, one a millisecond; one in shard 2 among them (after the
+        // 279th), read again after the last, so its shard says it is older than it is.
+        let records = Records::new(301 * one, 1000, WhenFull::EvictLeastRecentlyUsed);
+        let read_again = id_in(2, 0);
+        for n in 1..=300 {
+            store_id_then_tick(&records, &id_in(1, n));
+            if n == 279 {
+                store_id_then_tick(&records, &read_again);
+            }
+        }
+        assert!(records.get(&read_again).unwrap().is_some());
+        assert_eq!(records.evicted(), 0);
+        // One large response in shard 3 takes the room of 286 small records.
+        let large = StoredResponse::new(
+            StatusCode::OK,
+            HeaderMap::new(),
+            Bytes::from(vec![b'x'; 286 * one as usize - COMPLETED_OVERHEAD]),
+        );
+        let (id, token) = (id_in(3, 0), LeaseToken::new());
+        records.claim(&id, &fingerprint(), token, HOUR).unwrap();
+        let done = records.complete(&id, token, &large, HOUR);
+        assert_eq!(done, FenceOutcome::Applied);
+        assert!(records.evicted() >= 286, "{} evicted", records.evicted());
+        assert!(
+            holds(&records, &read_again),
+            "the record read last was evicted before older ones"
+        );
+        assert!(
+            holds(&records, &id_in(1, 300)),
+            "the newest small record was kept"
+        );
+        assert!(!holds(&records, &id_in(1, 280)), "an older one was evicted");
+    }
+
     #[test]
     fn a_replayed_record_does_not_grow_the_recency_queue_without_bound() {
         let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed);
