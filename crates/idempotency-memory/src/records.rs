@@ -367,7 +367,7 @@ impl Records {
     /// ran less than [`SWEEP_INTERVAL`] ago (so a store refusing claims under load sweeps ten
     /// times a second at most, not once per refused claim).
     fn sweep_if_due(&self) {
-        let now = self.epoch.elapsed().as_millis() as u64;
+        let now = self.millis(Instant::now());
         let last = self.last_sweep.load(Ordering::Relaxed);
         if now.saturating_sub(last) < SWEEP_INTERVAL.as_millis() as u64 && last != 0 {
             return;
