@@ -43,6 +43,25 @@ pub enum LayerStore {
     /// A store that keeps nothing (`NullStore`): every claim is granted and every completion
     /// accepted, so the figure is the layer's and the engine's own cost, without a store's.
     Null,
+    /// A `MemoryStore` whose 16 GiB bound no run reaches: the store's cost on fresh keys
+    /// without eviction. `MemoryStore::default()` reaches its 64 MiB within the first
+    /// round of fresh keys and evicts a record on every completion from then on; the difference
+    /// between the two is what eviction costs.
+    MemoryRoomy,
+}
+
+/// The bound of [`LayerStore::MemoryRoomy`]: 16 GiB, about 35 million of the bench's records.
+pub const ROOMY_BOUND: u64 = 16 << 30;
+
+impl LayerStore {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerStore::Memory => "memory",
+            LayerStore::Null => "null",
+            LayerStore::MemoryRoomy => "memory-roomy",
+        }
+    }
 }
 
 /// A store that keeps nothing: every claim is granted, every completion, extension and
@@ -175,6 +194,11 @@ pub fn tasks_app(layer: Option<LayerStore>) -> Router {
                 .scope_with(scope)
                 .build(),
         ),
+        Some(LayerStore::MemoryRoomy) => route.layer(
+            IdempotencyLayer::builder(MemoryStore::builder().max_stored_bytes(ROOMY_BOUND).build())
+                .scope_with(scope)
+                .build(),
+        ),
     };
     Router::new().route("/tasks", route).with_state(tasks)
 }
@@ -199,14 +223,8 @@ impl ServerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut command = tokio::process::Command::new(binary);
         command.args(["serve-tasks", "--listen", "127.0.0.1:0"]);
-        match variant {
-            Variant::Plain => {}
-            Variant::Layer(LayerStore::Memory) => {
-                command.args(["--layer", "memory"]);
-            }
-            Variant::Layer(LayerStore::Null) => {
-                command.args(["--layer", "null"]);
-            }
+        if let Variant::Layer(store) = variant {
+            command.args(["--layer", store.name()]);
         }
         let mut child = command
             .stdout(std::process::Stdio::piped())
@@ -360,7 +378,8 @@ pub struct HttpCompare {
 
 /// Starts both servers (this executable's `serve-tasks`, with and without the layer on `store`)
 /// and compares them on fresh keys, then on replays (fresh keys only on [`LayerStore::Null`],
-/// which never replays).
+/// which never replays, and on [`LayerStore::MemoryRoomy`], whose replays are the default
+/// store's).
 pub async fn compare_workloads(
     connections: usize,
     rounds: usize,
@@ -372,7 +391,7 @@ pub async fn compare_workloads(
     let layer = ServerProcess::start(&binary, Variant::Layer(store)).await?;
     let workloads: &[Workload] = match store {
         LayerStore::Memory => &[Workload::FreshKeys, Workload::Replay],
-        LayerStore::Null => &[Workload::FreshKeys],
+        LayerStore::Null | LayerStore::MemoryRoomy => &[Workload::FreshKeys],
     };
     let mut compares = Vec::new();
     for &workload in workloads {

@@ -55,8 +55,9 @@ struct HttpArgs {
     /// Length of a round, in seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// The store behind the layer: `memory` (the target's), or `null`, a store that keeps
-    /// nothing, to see the layer's own cost.
+    /// The store behind the layer: `memory` (the target's); `null`, a store that keeps
+    /// nothing, to see the layer's own cost; or `memory-roomy`, a memory store whose bound no
+    /// run reaches, to see the store's cost without eviction.
     #[arg(long, value_enum, default_value_t = http::LayerStore::Memory)]
     store: http::LayerStore,
 }
