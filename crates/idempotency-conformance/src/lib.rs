@@ -25,6 +25,7 @@
 
 pub mod cases;
 pub mod faults;
+pub mod transactional;
 
 /// The name of every case, in the order the macros run them.
 pub const CASES: &[&str] = __with_cases!(__case_names @list);

@@ -56,7 +56,8 @@ mod transaction;
 #[cfg(feature = "axum")]
 pub use engine::LeaseRejection;
 pub use engine::{
-    Begin, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy, RollbackCause,
+    Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy,
+    RollbackCause, Superseded,
 };
 pub use error::{BoxError, CorruptRecord, ErrorChain, StoreError};
 pub use fingerprint::{
@@ -71,7 +72,7 @@ pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
 pub use state_loss::StateLoss;
 pub use store::{IdempotencyStore, purge_periodically};
 pub use transaction::{
-    CommitOutcome, StoreTransaction, Transaction, TransactionError, TransactionSlot,
+    CommitOutcome, KeyedBegin, StoreTransaction, Transaction, TransactionError, TransactionSlot,
     TransactionalStore,
 };
 

@@ -11,7 +11,7 @@
 //! The handler never commits: the transaction types give it no way to, and the engine checks
 //! at commit time that the transaction it opened is still the one running.
 
-use crate::{StoreError, StoredResponse};
+use crate::{Fingerprint, Record, StoreError, StoredResponse};
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
@@ -37,10 +37,68 @@ pub trait TransactionalStore: Send + Sync {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError>;
+
+    /// Whether the store implements [`TransactionalStore::begin_keyed`], the
+    /// one-transaction mode ([`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction)).
+    /// `false` by default.
+    fn supports_one_transaction(&self) -> bool {
+        false
+    }
+
+    /// The one-transaction mode: begins a transaction, takes a transaction-scoped lock on
+    /// `(scope, key)` **without waiting**, marks the transaction with `token`, and reads the
+    /// key's live record, all in one round trip. Nothing is written:
+    ///
+    /// - a live record: [`KeyedBegin::Existing`], the transaction ended;
+    /// - no live record and the lock taken: [`KeyedBegin::Absent`], the transaction open and
+    ///   holding the lock until it ends; its
+    ///   [`complete_and_commit`](StoreTransaction::complete_and_commit) inserts the completed
+    ///   record (with `fingerprint`) right before `COMMIT`;
+    /// - no live record and the lock held by another transaction: [`KeyedBegin::Busy`], the
+    ///   transaction ended.
+    ///
+    /// The store's unique index on `(scope, key)`, not the lock, is what keeps one record per
+    /// key: the lock only keeps duplicates from running while the first is open. The default
+    /// answers an error: the store has no such mode.
+    async fn begin_keyed(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+    ) -> Result<KeyedBegin, StoreError> {
+        let _ = (scope, key, fingerprint, token);
+        Err(StoreError::Backend {
+            backend: "transactional",
+            source: "this store has no one-transaction mode (TransactionalStore::begin_keyed)"
+                .into(),
+        })
+    }
+}
+
+/// What [`TransactionalStore::begin_keyed`] found.
+#[non_exhaustive]
+pub enum KeyedBegin {
+    /// The key has no live record and this transaction holds its lock: run the request in it.
+    Absent(Box<dyn StoreTransaction>),
+    /// The key has a live record (completed, or claimed by a request in the lease mode).
+    Existing(Record),
+    /// Another open transaction holds the key's lock: a duplicate is running.
+    Busy,
+}
+
+impl fmt::Debug for KeyedBegin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedBegin::Absent(_) => f.write_str("Absent(..)"),
+            KeyedBegin::Existing(record) => f.debug_tuple("Existing").field(record).finish(),
+            KeyedBegin::Busy => f.write_str("Busy"),
+        }
+    }
 }
 
 /// What [`StoreTransaction::complete_and_commit`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CommitOutcome {
     /// The response was stored and the transaction committed: the side effect and the record
@@ -52,6 +110,10 @@ pub enum CommitOutcome {
     /// The transaction the store opened was no longer running: the handler ended it itself
     /// (a raw `COMMIT` or `ROLLBACK`). Whether its writes exist is unknown; nothing was stored.
     EndedByHandler,
+    /// One-transaction mode: another request stored a record for the key first (the unique
+    /// index refused ours). The transaction rolled back, so none of the handler's writes exist;
+    /// the record is the one that stands, read after the rollback.
+    Superseded(Record),
 }
 
 /// An open transaction of a [`TransactionalStore`], bound to one claim.
@@ -127,6 +189,12 @@ pub(crate) trait Opener: Send + Sync {
     fn open(&self) -> OpenFuture<'_>;
 }
 
+/// A slot's state, and whether the handler asked for the transaction.
+pub(crate) struct Slot {
+    state: SlotState,
+    used: bool,
+}
+
 pub(crate) enum SlotState {
     /// Not opened yet: the handler has not asked for it.
     Unopened(Box<dyn Opener>),
@@ -140,11 +208,11 @@ pub(crate) enum SlotState {
 /// the extensions of every request it lets proceed on a [`TransactionalStore`];
 /// [`Guard::transaction`](crate::Guard::transaction) gives it to other callers.
 #[derive(Clone)]
-pub struct TransactionSlot(Arc<Mutex<SlotState>>);
+pub struct TransactionSlot(Arc<Mutex<Slot>>);
 
 impl fmt::Debug for TransactionSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.0.try_lock().as_deref() {
+        let state = match self.0.try_lock().as_deref().map(|slot| &slot.state) {
             Ok(SlotState::Unopened(_)) => "unopened",
             Ok(SlotState::Open(_)) => "open",
             Ok(SlotState::Closed) => "closed",
@@ -158,8 +226,11 @@ impl fmt::Debug for TransactionSlot {
 pub(crate) enum Taken {
     /// The handler never opened it.
     Unopened,
-    /// The open transaction, now the engine's.
-    Open(Box<dyn StoreTransaction>),
+    /// The open transaction, now the engine's, and whether the handler asked for it.
+    Open {
+        tx: Box<dyn StoreTransaction>,
+        used: bool,
+    },
     /// The handler still holds it (it kept its [`Transaction`] past its response).
     Busy,
     /// It was closed already.
@@ -168,31 +239,41 @@ pub(crate) enum Taken {
 
 impl TransactionSlot {
     pub(crate) fn new(opener: Box<dyn Opener>) -> Self {
-        TransactionSlot(Arc::new(Mutex::new(SlotState::Unopened(opener))))
+        Self::with_state(SlotState::Unopened(opener))
+    }
+
+    /// A slot whose transaction is already open (the one-transaction mode).
+    pub(crate) fn opened(tx: Box<dyn StoreTransaction>) -> Self {
+        Self::with_state(SlotState::Open(tx))
+    }
+
+    fn with_state(state: SlotState) -> Self {
+        TransactionSlot(Arc::new(Mutex::new(Slot { state, used: false })))
     }
 
     /// The request's transaction as the store's transaction type `T` (for the PostgreSQL store,
     /// `idempotency_postgres::PgTransaction`), opening it on first use. Holds it until the
     /// returned [`Transaction`] is dropped; drop it before the handler returns.
     pub async fn open<T: StoreTransaction>(&self) -> Result<Transaction<T>, TransactionError> {
-        let mut state = Arc::clone(&self.0).lock_owned().await;
-        if let SlotState::Unopened(opener) = &*state {
+        let mut slot = Arc::clone(&self.0).lock_owned().await;
+        slot.used = true;
+        if let SlotState::Unopened(opener) = &slot.state {
             match opener.open().await {
-                Ok(tx) => *state = SlotState::Open(tx),
+                Ok(tx) => slot.state = SlotState::Open(tx),
                 Err(error) => {
                     if matches!(error, TransactionError::LeaseLost) {
-                        *state = SlotState::Closed;
+                        slot.state = SlotState::Closed;
                     }
                     return Err(error);
                 }
             }
         }
-        OwnedMutexGuard::try_map(state, |state| match state {
+        OwnedMutexGuard::try_map(slot, |slot| match &mut slot.state {
             SlotState::Open(tx) => tx.as_any_mut().downcast_mut::<T>(),
             _ => None,
         })
         .map(Transaction)
-        .map_err(|state| match &*state {
+        .map_err(|slot| match &slot.state {
             SlotState::Open(_) => TransactionError::WrongType {
                 expected: std::any::type_name::<T>(),
             },
@@ -203,12 +284,13 @@ impl TransactionSlot {
     /// Takes the transaction out for completion, waiting up to `wait` for the handler to let go
     /// of it; the slot is closed afterwards.
     pub(crate) async fn take(&self, wait: Duration) -> Taken {
-        let Ok(mut state) = tokio::time::timeout(wait, self.0.lock()).await else {
+        let Ok(mut slot) = tokio::time::timeout(wait, self.0.lock()).await else {
             return Taken::Busy;
         };
-        match std::mem::replace(&mut *state, SlotState::Closed) {
+        let used = slot.used;
+        match std::mem::replace(&mut slot.state, SlotState::Closed) {
             SlotState::Unopened(_) => Taken::Unopened,
-            SlotState::Open(tx) => Taken::Open(tx),
+            SlotState::Open(tx) => Taken::Open { tx, used },
             SlotState::Closed => Taken::Closed,
         }
     }
@@ -217,7 +299,7 @@ impl TransactionSlot {
 /// The request's open transaction, as the store's type `T`; it derefs to `T`, which gives the
 /// handler its database handle. There is no commit: the engine commits it together with the
 /// stored response after the handler returns, or rolls it back.
-pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<SlotState, T>);
+pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<Slot, T>);
 
 impl<T: 'static> Deref for Transaction<T> {
     type Target = T;

@@ -254,6 +254,12 @@ pub(crate) struct Statements {
     pub(crate) tx_complete: Sql,
     /// After a refused completion: does the token still hold a live claim?
     pub(crate) tx_diagnose: Sql,
+    /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
+    /// without waiting, marks the transaction, reads the live record.
+    pub(crate) keyed_begin: Sql,
+    /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record,
+    /// or fails (aborting the transaction) when the key has another live record.
+    pub(crate) keyed_complete: Sql,
 }
 
 const KEY: &[Type] = &[Type::TEXT, Type::TEXT];
@@ -274,6 +280,26 @@ const COMPLETE: &[Type] = &[
     Type::FLOAT8,
 ];
 const EXTEND: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID, Type::FLOAT8];
+const KEYED_COMPLETE: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::UUID,
+    Type::INT4,
+    Type::BYTEA,
+    Type::FLOAT8,
+];
+
+/// The seed of the one-transaction mode's advisory lock ids for the table `name`, so two tables
+/// (two stores on one database) lock apart: 64-bit FNV-1a of the qualified name.
+fn lock_seed(name: &TableName) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.qualified().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::from_ne_bytes(hash.to_ne_bytes())
+}
 
 /// The name of the transaction-local setting that marks a request's transaction with its lease
 /// token, so the completion can tell that it runs in the transaction the store opened.
@@ -409,6 +435,47 @@ impl Statements {
                      WHERE user_id = $1 AND key = $2"
                 ),
                 FENCED,
+            ),
+            // Sent right behind `BEGIN` (one round trip). The subquery runs once, whatever the
+            // join finds: it tries the key's transaction-scoped advisory lock (never waiting:
+            // a held lock means a duplicate is running) and marks the transaction with `$3`.
+            // The lock id is a 64-bit hash of (scope, key) seeded per table; a collision only
+            // makes an unrelated request wait its turn. Columns: lock taken, record found, the
+            // record's columns.
+            keyed_begin: Sql::new(
+                format!(
+                    "SELECT l.locked, r.user_id IS NOT NULL, {RECORD_COLUMNS} \
+                     FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
+                                  set_config('{TX_MARK}', $3::uuid::text, true)) AS l(locked, mark) \
+                     LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2 AND r.expires_at > now()",
+                    seed = lock_seed(name),
+                ),
+                FENCED,
+            ),
+            // Sent with `COMMIT` right behind it (one round trip). Inserts the completed record,
+            // taking over a record whose retention or lease ran out; the mark check refuses a
+            // transaction the handler ended itself. When it inserts nothing (a live record of
+            // another request stands, or the mark is gone), the division by zero aborts the
+            // transaction, so the `COMMIT` rolls back the handler's writes. A duplicate's
+            // uncommitted row makes it wait for that transaction, then decide on its outcome.
+            keyed_complete: Sql::new(
+                format!(
+                    "WITH done AS ( \
+                       INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \
+                         locked_until, status_code, response, created_at, expires_at) \
+                       SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
+                         statement_timestamp() + make_interval(secs => $7) \
+                       WHERE current_setting('{TX_MARK}', true) = $4::uuid::text \
+                       ON CONFLICT (user_id, key) DO UPDATE SET \
+                         request_hash = EXCLUDED.request_hash, lease_token = NULL, \
+                         locked_until = NULL, status_code = EXCLUDED.status_code, \
+                         response = EXCLUDED.response, created_at = EXCLUDED.created_at, \
+                         expires_at = EXCLUDED.expires_at \
+                       WHERE r.expires_at <= statement_timestamp() \
+                       RETURNING 1) \
+                     SELECT 1 / count(*)::int FROM done"
+                ),
+                KEYED_COMPLETE,
             ),
         }
     }

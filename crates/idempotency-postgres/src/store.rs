@@ -125,7 +125,7 @@ impl PostgresStore {
     }
 }
 
-fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
+pub(crate) fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
     RecordColumns {
         request_hash: row
             .try_get(offset)

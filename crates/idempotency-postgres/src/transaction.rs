@@ -2,12 +2,12 @@
 //! stored response commits in the same transaction.
 
 use crate::error::{BACKEND, pool_error, query_error};
-use crate::store::{Inner, PostgresStore};
+use crate::store::{Inner, PostgresStore, record_from_row};
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use idempotency_core::{
-    CommitOutcome, IdempotencyKey, LeaseToken, Scope, StoreError, StoreTransaction, StoredResponse,
-    TransactionalStore,
+    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, KeyedBegin, LeaseToken, Scope,
+    StoreError, StoreTransaction, StoredResponse, TransactionalStore,
 };
 use std::any::Any;
 use std::fmt;
@@ -50,6 +50,9 @@ pub struct PgTransaction {
     scope: Scope,
     key: IdempotencyKey,
     token: LeaseToken,
+    /// In the one-transaction mode, the request's fingerprint: the completed record is inserted
+    /// with it at commit time. `None` in the lease mode, where a claim record is completed.
+    fingerprint: Option<Fingerprint>,
 }
 
 impl fmt::Debug for PgTransaction {
@@ -123,6 +126,66 @@ impl PgTransaction {
             CommitOutcome::LeaseLost
         })
     }
+
+    /// One-transaction mode: inserts the completed record and commits, pipelined.
+    async fn insert_and_commit(
+        &mut self,
+        fingerprint: &Fingerprint,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError> {
+        let client = self.client();
+        let statements = &self.store.table.statements;
+        let insert = statements
+            .keyed_complete
+            .ready(client, self.store.prepared)
+            .await
+            .map_err(query_error)?;
+        let encoded = response.encode();
+        let hash = fingerprint.to_bytes();
+        let status = i32::from(response.status().as_u16());
+        let retention = retention.as_secs_f64();
+        let (scope, key, token) = (self.scope.as_str(), self.key.as_str(), self.token.as_uuid());
+        let (hash, body) = (&hash[..], &encoded[..]);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&scope, &key, &hash, &token, &status, &body, &retention];
+        let (inserted, committed) = tokio::join!(
+            insert.query(client, &params),
+            client.batch_execute("COMMIT")
+        );
+        match inserted {
+            Ok(rows) if rows.len() == 1 => {
+                let committed = committed.map_err(query_error);
+                self.finish();
+                committed.map(|()| CommitOutcome::Committed)
+            }
+            Ok(_) => {
+                self.finish();
+                Err(StoreError::corrupt(
+                    BACKEND,
+                    CorruptRecord::Field("the completion returned no row or several"),
+                ))
+            }
+            Err(error) if error.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+                // Rolled back by the COMMIT behind it. Whose record stands, if any?
+                let record = statements
+                    .get
+                    .query(client, &[&scope, &key], self.store.prepared)
+                    .await
+                    .map_err(query_error);
+                self.finish();
+                match record?.first() {
+                    Some(row) => record_from_row(row, 0).map(CommitOutcome::Superseded),
+                    // Nothing stands: the mark was gone, the handler ended the transaction.
+                    None => Ok(CommitOutcome::EndedByHandler),
+                }
+            }
+            Err(error) => {
+                self.finish();
+                Err(query_error(error))
+            }
+        }
+    }
 }
 
 impl Drop for PgTransaction {
@@ -152,6 +215,11 @@ impl StoreTransaction for PgTransaction {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
+        if let Some(fingerprint) = self.fingerprint {
+            return self
+                .insert_and_commit(&fingerprint, response, retention)
+                .await;
+        }
         let client = self.client();
         // Ready (prepared) before the pipeline: the completion must go out before the COMMIT.
         let complete = self
@@ -239,6 +307,7 @@ impl TransactionalStore for PostgresStore {
             scope: scope.clone(),
             key: key.clone(),
             token,
+            fingerprint: None,
         };
         let client = tx.client();
         let (scope_str, key_str, token_uuid) = (scope.as_str(), key.as_str(), token.as_uuid());
@@ -257,5 +326,67 @@ impl TransactionalStore for PostgresStore {
         );
         tx.roll_back().await?;
         Ok(None)
+    }
+
+    fn supports_one_transaction(&self) -> bool {
+        self.inner.transactions
+    }
+
+    async fn begin_keyed(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+    ) -> Result<KeyedBegin, StoreError> {
+        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        // Ready (prepared) before the pipeline, which must send BEGIN first.
+        let read = self
+            .inner
+            .table
+            .statements
+            .keyed_begin
+            .ready(&client, self.inner.prepared)
+            .await
+            .map_err(query_error)?;
+        // From here on, dropping `tx` (an error below, a duplicate's answer, or this future
+        // cancelled) rolls the connection back in the background before it returns to the pool:
+        // a replay does not wait for that round trip.
+        let tx = PgTransaction {
+            client: Some(client),
+            store: Arc::clone(&self.inner),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            fingerprint: Some(*fingerprint),
+        };
+        let client = tx.client();
+        let (scope_str, key_str, token_uuid) = (scope.as_str(), key.as_str(), token.as_uuid());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&scope_str, &key_str, &token_uuid];
+        // One round trip: BEGIN and the read are pipelined.
+        let (begun, read) =
+            tokio::join!(client.batch_execute("BEGIN"), read.query(client, &params));
+        begun.map_err(query_error)?;
+        let rows = read.map_err(query_error)?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field("the key's lookup returned no row"),
+            ));
+        };
+        let locked: bool = row
+            .try_get(0)
+            .map_err(|_| crate::table::corrupt_field("locked"))?;
+        let found: bool = row
+            .try_get(1)
+            .map_err(|_| crate::table::corrupt_field("found"))?;
+        if found {
+            return record_from_row(row, 2).map(KeyedBegin::Existing);
+        }
+        if !locked {
+            return Ok(KeyedBegin::Busy);
+        }
+        Ok(KeyedBegin::Absent(Box::new(tx)))
     }
 }

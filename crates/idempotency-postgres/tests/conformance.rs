@@ -116,3 +116,88 @@ mod sqlx {
         );
     }
 }
+
+/// The transactional cases on tokio-postgres (`PgTransaction`), in both claim modes, with an
+/// UNLOGGED and a LOGGED key table. The side effects are rows of a `side_effects` table in the
+/// case's own schema, written through the request's transaction.
+mod transactional {
+    use idempotency_conformance::transactional::TransactionalHarness;
+    use idempotency_core::{BoxError, TransactionSlot};
+    use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
+    use idempotency_testkit::TestSchema;
+    use idempotency_testkit::env::server_unreachable;
+
+    struct Harness {
+        store: PostgresStore,
+        side_effects: String,
+    }
+
+    async fn harness(mode: TableMode) -> Harness {
+        let schema = TestSchema::new("idem_tx");
+        let url = schema.url();
+        let store = PostgresStore::builder(url)
+            .schema(schema.name())
+            .table_mode(mode)
+            .pool_size(8)
+            .build()
+            .await
+            .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+        store.migrate().await.expect("migrate a fresh schema");
+        let side_effects = format!("\"{}\".side_effects", schema.name());
+        let client = store.pool().get().await.expect("a connection");
+        client
+            .batch_execute(&format!("CREATE TABLE {side_effects} (tag text NOT NULL)"))
+            .await
+            .expect("create the side-effects table");
+        drop(client);
+        Harness {
+            store,
+            side_effects,
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl TransactionalHarness for Harness {
+        type Store = PostgresStore;
+
+        fn store(&self) -> PostgresStore {
+            self.store.clone()
+        }
+
+        async fn write(&self, slot: &TransactionSlot, tag: &str) -> Result<(), BoxError> {
+            let tx = slot.open::<PgTransaction>().await?;
+            let sql = format!("INSERT INTO {} (tag) VALUES ($1)", self.side_effects);
+            tx.execute(&sql, &[&tag]).await?;
+            Ok(())
+        }
+
+        async fn count(&self, tag: &str) -> u64 {
+            let client = self.store.pool().get().await.expect("a connection");
+            let sql = format!("SELECT count(*) FROM {} WHERE tag = $1", self.side_effects);
+            let n: i64 = client.query_one(&sql, &[&tag]).await.expect("count").get(0);
+            u64::try_from(n).expect("a count is not negative")
+        }
+
+        async fn teardown(&self) {
+            idempotency_testkit::drop_test_schema(self.store.schema()).await;
+        }
+    }
+
+    mod unlogged {
+        use super::*;
+        idempotency_conformance::transactional_suite!(
+            harness(TableMode::Unlogged),
+            lease,
+            one_transaction
+        );
+    }
+
+    mod logged {
+        use super::*;
+        idempotency_conformance::transactional_suite!(
+            harness(TableMode::Logged),
+            lease,
+            one_transaction
+        );
+    }
+}

@@ -5,7 +5,8 @@ use crate::service::IdempotencyService;
 use http::request::Parts;
 use http::{HeaderName, Method};
 use idempotency_core::{
-    BodyCanonicalization, Engine, EngineConfig, IdempotencyStore, KeyFormat, ReplayPolicy, Scope,
+    BodyCanonicalization, ClaimMode, Engine, EngineConfig, IdempotencyStore, KeyFormat,
+    ReplayPolicy, Scope,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -155,6 +156,18 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
 impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
     /// Builds the layer.
     pub fn build(self) -> IdempotencyLayer<S> {
+        if self.engine.claim_mode == ClaimMode::OneTransaction
+            && !self
+                .store
+                .transactional()
+                .is_some_and(|store| store.supports_one_transaction())
+        {
+            tracing::error!(
+                backend = self.store.backend(),
+                "ClaimMode::OneTransaction needs a store whose transactions support it (the \
+                 PostgreSQL store with transactions on); every covered request will be answered 503"
+            );
+        }
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: Engine::new(self.store, self.engine),
@@ -200,6 +213,19 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// response whose storing failed is retried in the background.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.lease = lease;
+        self
+    }
+
+    /// How a request that proceeds holds its key (default [`ClaimMode::Lease`]).
+    ///
+    /// [`ClaimMode::OneTransaction`] puts the key's whole life in the handler's one database
+    /// transaction (the PostgreSQL store; the handler takes `Tx<PgTransaction>`): the round
+    /// trips of a bare `BEGIN; ...; COMMIT`, nothing left behind by a crash. Use it only for
+    /// routes whose handlers' side effects are **all** writes in that transaction: whatever a
+    /// handler does outside it (an HTTP call, an email, a message) is not made once by it.
+    /// A store without the mode answers every covered request 503 and logs why.
+    pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.engine.claim_mode = mode;
         self
     }
 

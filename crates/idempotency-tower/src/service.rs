@@ -18,7 +18,7 @@ use http::{HeaderValue, Request, Response, header};
 use http_body::Body;
 use idempotency_core::{
     Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
-    StoredResponse,
+    StoredResponse, Superseded,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -349,6 +349,15 @@ where
                     retry_after: RETRY_AFTER,
                 },
                 Completion::TransactionMisused => Problem::TransactionMisused,
+                // A duplicate completed first and this request's writes rolled back: it is
+                // answered as that duplicate's retry would be.
+                Completion::Superseded(Superseded::Replay(stored)) => {
+                    return Ok(replay(stored, &shared.settings.replay_header));
+                }
+                Completion::Superseded(Superseded::Mismatch) => Problem::Mismatch,
+                Completion::Superseded(Superseded::InFlight { retry_after }) => {
+                    Problem::InFlight { retry_after }
+                }
                 _ => return Ok(Response::from_parts(parts, body)),
             };
             Ok(self::answer(&shared, answer))

@@ -26,18 +26,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A lease long enough never to run out during a case.
-const LONG: Duration = Duration::from_secs(300);
+pub(crate) const LONG: Duration = Duration::from_secs(300);
 /// A lease or retention short enough to run out during a case.
 const SHORT: Duration = Duration::from_millis(400);
 /// How long to wait for a SHORT period to have passed by every store's clock.
 const PAST_SHORT: Duration = Duration::from_millis(1200);
 
-fn scope(case: &str) -> Scope {
+pub(crate) fn scope(case: &str) -> Scope {
     Scope::new(format!("conformance:{case}:{}", uuid::Uuid::new_v4()))
         .expect("a generated scope is valid")
 }
 
-fn key() -> IdempotencyKey {
+pub(crate) fn key() -> IdempotencyKey {
     IdempotencyKey::parse(
         uuid::Uuid::new_v4().to_string().as_bytes(),
         KeyFormat::UuidV4,
@@ -45,11 +45,11 @@ fn key() -> IdempotencyKey {
     .expect("a generated UUID v4 is a valid key")
 }
 
-fn fingerprint(body: &str) -> Fingerprint {
+pub(crate) fn fingerprint(body: &str) -> Fingerprint {
     Fingerprint::of_request("POST", "/tasks", body.as_bytes(), BodyCanonicalization::Raw)
 }
 
-fn response(status: u16, body: &'static [u8]) -> StoredResponse {
+pub(crate) fn response(status: u16, body: &'static [u8]) -> StoredResponse {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,

@@ -51,6 +51,37 @@ impl fmt::Debug for ReplayPolicy {
     }
 }
 
+/// How a request that proceeds holds its key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimMode {
+    /// The default, for any store and any handler: the key is claimed first, in its own write
+    /// that commits at once (an in-flight record with a lease and a fencing token), the handler
+    /// runs (its writes in the request's transaction if it takes one), and the response is
+    /// stored last (on a transactional store, in the handler's transaction). A handler that
+    /// calls something outside the database (a payment API, an email, a queue) needs this mode:
+    /// a duplicate is answered "in flight" from the moment the claim commits, so the handler
+    /// never runs twice at once, and a crash leaves a claim that blocks the key for one lease.
+    #[default]
+    Lease,
+    /// The key's whole life in the handler's one database transaction, for handlers whose side
+    /// effects are **all** writes in that transaction (a
+    /// [`TransactionalStore`](crate::TransactionalStore) that
+    /// [supports it](crate::TransactionalStore::supports_one_transaction), PostgreSQL). The
+    /// transaction begins with the key's lookup (and a lock that keeps a duplicate from running
+    /// while it is open), the handler writes in it, and the completed record is inserted right
+    /// before `COMMIT`: the round trips of the bare handler's `BEGIN; ...; COMMIT`, no claim
+    /// that commits alone, no lease, no heartbeat. A crash or any failure before `COMMIT` leaves
+    /// nothing behind, and the retry runs at once. If a duplicate ever completes first (the
+    /// lock is a fast path, the unique index is the rule), the later transaction rolls back
+    /// and answers with the record that stands.
+    ///
+    /// Anything the handler does outside the transaction is **not** covered: its effect stays
+    /// when the transaction rolls back, and the retry runs it again. Use [`ClaimMode::Lease`]
+    /// for such handlers.
+    OneTransaction,
+}
+
 /// Settings of an [`Engine`](crate::Engine).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -78,6 +109,8 @@ pub struct EngineConfig {
     /// committing a transaction); past it the call counts as failed with
     /// [`StoreError::Timeout`](crate::StoreError::Timeout). Default 5 s.
     pub store_timeout: Duration,
+    /// How a proceeding request holds its key. Default [`ClaimMode::Lease`].
+    pub claim_mode: ClaimMode,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +122,7 @@ impl Default for EngineConfig {
             in_flight_wait: Duration::ZERO,
             heartbeat: true,
             store_timeout: Duration::from_secs(5),
+            claim_mode: ClaimMode::Lease,
         }
     }
 }
@@ -122,6 +156,11 @@ impl EngineConfig {
     /// Sets [`EngineConfig::store_timeout`].
     pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout;
+        self
+    }
+    /// Sets [`EngineConfig::claim_mode`].
+    pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.claim_mode = mode;
         self
     }
 }

@@ -1,21 +1,24 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store.
 
-use super::Shared;
+use super::config::ClaimMode;
 use super::heartbeat::Registration;
 use super::lease::Lease;
 use super::opener::TxOpener;
 use super::retry::{Op, retry_until, spawn_release};
+use super::{Judged, Shared, judge};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{
-    CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction, StoredResponse,
+    CommitOutcome, ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore, StoreTransaction,
+    StoredResponse,
 };
 use http::StatusCode;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What [`Guard::complete`] or [`Guard::release`] did with the request's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Completion {
     /// The response is stored (with the request's transaction, if it opened one) and will be
@@ -40,6 +43,26 @@ pub enum Completion {
     /// still held it after returning. Whether its writes exist is unknown, so nothing was
     /// stored and the claim is kept until its lease runs out. A bug in the handler.
     TransactionMisused,
+    /// One-transaction mode: another request with the same key completed first. This
+    /// request's transaction rolled back, so none of its writes exist, and the client is
+    /// answered as that request's duplicate.
+    Superseded(Superseded),
+}
+
+/// How to answer a request whose transaction lost its key to another request
+/// ([`Completion::Superseded`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Superseded {
+    /// The same request completed first: answer with its stored response.
+    Replay(StoredResponse),
+    /// The key was used with another request: answer 422.
+    Mismatch,
+    /// The key is held by a request still running (a lease-mode claim): answer 409.
+    InFlight {
+        /// A hint for `Retry-After`.
+        retry_after: Duration,
+    },
 }
 
 /// Why a request's transaction rolled back.
@@ -56,7 +79,7 @@ pub enum RollbackCause {
 impl Completion {
     /// Counts this completion in `idempotency_completions_total{result}`: literal labels, so
     /// the key is a static (no allocation, no hashing per request).
-    fn count(self) {
+    fn count(&self) {
         let counter = match self {
             Completion::Stored => {
                 metrics::counter!("idempotency_completions_total", "result" => "stored")
@@ -76,12 +99,15 @@ impl Completion {
             Completion::TransactionMisused => {
                 metrics::counter!("idempotency_completions_total", "result" => "transaction_misused")
             }
+            Completion::Superseded(_) => {
+                metrics::counter!("idempotency_completions_total", "result" => "superseded")
+            }
         };
         counter.increment(1);
     }
 
     /// The label of this outcome in `idempotency_completions_total{result}`.
-    pub fn label(self) -> &'static str {
+    pub fn label(&self) -> &'static str {
         match self {
             Completion::Stored => "stored",
             Completion::Released => "released",
@@ -89,6 +115,7 @@ impl Completion {
             Completion::Deferred => "deferred",
             Completion::RolledBack(_) => "rolled_back",
             Completion::TransactionMisused => "transaction_misused",
+            Completion::Superseded(_) => "superseded",
         }
     }
 }
@@ -111,6 +138,11 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     transaction: Option<TransactionSlot>,
     /// Still holds the claim: neither completed nor released.
     holding: bool,
+    /// How the key is held: a claim record with a lease, or only the request's transaction.
+    mode: ClaimMode,
+    /// The request's fingerprint, in the one-transaction mode: a record that superseded this
+    /// request's is judged against it.
+    fingerprint: Option<Fingerprint>,
 }
 
 impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
@@ -143,6 +175,28 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             started_driver,
             transaction,
             holding: true,
+            mode: ClaimMode::Lease,
+            fingerprint: None,
+        }
+    }
+
+    /// A guard of the one-transaction mode: the key is held by `tx` alone (no claim record, so
+    /// no heartbeat and nothing to release), and the response is inserted in it.
+    pub(crate) fn in_transaction(
+        shared: Arc<Shared<S>>,
+        lease: Lease,
+        fingerprint: Fingerprint,
+        tx: Box<dyn StoreTransaction>,
+    ) -> Self {
+        Guard {
+            shared,
+            lease,
+            heartbeat: None,
+            started_driver: false,
+            transaction: Some(TransactionSlot::opened(tx)),
+            holding: true,
+            mode: ClaimMode::OneTransaction,
+            fingerprint: Some(fingerprint),
         }
     }
 
@@ -180,8 +234,26 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         }
         self.stop_heartbeat();
         let completion = match self.take_transaction().await {
-            Taken::Open(tx) => self.commit(tx, &response).await,
+            Taken::Open { tx, used } => {
+                if !used && self.mode == ClaimMode::OneTransaction {
+                    tracing::warn!(
+                        backend = self.shared.store.backend(),
+                        "ClaimMode::OneTransaction: the handler never took the request's \
+                         transaction, so whatever it did is outside it and not made once by it; \
+                         use ClaimMode::Lease for handlers whose side effects are not writes in \
+                         the transaction"
+                    );
+                }
+                self.commit(tx, &response).await
+            }
             Taken::Busy => self.transaction_busy(),
+            Taken::Unopened | Taken::Closed if self.mode == ClaimMode::OneTransaction => {
+                tracing::error!(
+                    backend = self.shared.store.backend(),
+                    "the request's transaction was closed before its response could be stored"
+                );
+                Completion::TransactionMisused
+            }
             Taken::Unopened | Taken::Closed => self.store(response).await,
         };
         self.finish(completion)
@@ -193,12 +265,16 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     pub async fn release(mut self) -> Completion {
         self.stop_heartbeat();
         match self.take_transaction().await {
-            Taken::Open(tx) => self.rollback(tx).await,
+            Taken::Open { tx, .. } => self.rollback(tx).await,
             // It can never commit: only the engine commits, and it gives up on it here.
             Taken::Busy => tracing::warn!(
                 "the handler still holds its transaction; it rolls back when the handler drops it"
             ),
             Taken::Unopened | Taken::Closed => {}
+        }
+        if self.mode == ClaimMode::OneTransaction {
+            // The transaction was the only hold on the key: rolled back, the key is free.
+            return self.finish(Completion::Released);
         }
         let shared = &self.shared;
         let lease = &self.lease;
@@ -291,6 +367,22 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             .await;
         match committed {
             Ok(CommitOutcome::Committed) => Completion::Stored,
+            Ok(CommitOutcome::Superseded(record)) => {
+                tracing::debug!(
+                    backend = shared.store.backend(),
+                    "another request completed the key first; the transaction rolled back"
+                );
+                let judged = match &self.fingerprint {
+                    Some(fingerprint) => judge(record, fingerprint),
+                    // Only the one-transaction mode inserts records at commit time.
+                    None => Judged::Mismatch,
+                };
+                Completion::Superseded(match judged {
+                    Judged::Mismatch => Superseded::Mismatch,
+                    Judged::Replay(response) => Superseded::Replay(response),
+                    Judged::Running(retry_after) => Superseded::InFlight { retry_after },
+                })
+            }
             Ok(CommitOutcome::LeaseLost) => {
                 self.lost("the transaction was rolled back");
                 Completion::RolledBack(RollbackCause::LeaseLost)
@@ -304,6 +396,14 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                      request's transaction in the handler"
                 );
                 Completion::TransactionMisused
+            }
+            Err(error) if self.mode == ClaimMode::OneTransaction => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "the request's transaction did not commit"
+                );
+                Completion::RolledBack(RollbackCause::Store)
             }
             Err(error) => {
                 tracing::warn!(
@@ -394,6 +494,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
         let shared = Arc::clone(&self.shared);
         let lease = self.lease.clone();
         let transaction = self.transaction.take();
+        let release = self.mode == ClaimMode::Lease;
         let tasks = shared.tasks.clone();
         tasks.spawn_on(
             async move {
@@ -401,12 +502,14 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
                     Some(slot) => slot.take(shared.config.store_timeout).await,
                     None => Taken::Unopened,
                 };
-                if let Taken::Open(tx) = open
+                if let Taken::Open { tx, .. } = open
                     && let Err(error) = shared.call(Op::Rollback, tx.rollback()).await
                 {
                     tracing::warn!(error = %ErrorChain(&error), "could not roll back a dropped request's transaction; it ends with its connection");
                 }
-                spawn_release(shared, lease, "dropped guard");
+                if release {
+                    spawn_release(shared, lease, "dropped guard");
+                }
             },
             &runtime,
         );
@@ -415,7 +518,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Completion, RollbackCause};
+    use super::{Completion, RollbackCause, Superseded};
     use metrics_util::debugging::DebuggingRecorder;
 
     #[test]
@@ -427,6 +530,7 @@ mod tests {
             Completion::Deferred,
             Completion::RolledBack(RollbackCause::Store),
             Completion::TransactionMisused,
+            Completion::Superseded(Superseded::Mismatch),
         ];
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();

@@ -16,15 +16,15 @@ mod opener;
 mod retry;
 mod store_metrics;
 
-pub use config::{EngineConfig, ReplayPolicy};
-pub use guard::{Completion, Guard, RollbackCause};
+pub use config::{ClaimMode, EngineConfig, ReplayPolicy};
+pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use lease::Lease;
 #[cfg(feature = "axum")]
 pub use lease::LeaseRejection;
 
 use crate::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken,
-    RecordState, Scope, StoreError, StoredResponse,
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin,
+    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
 };
 use retry::{Op, spawn_release};
 use std::fmt;
@@ -126,6 +126,35 @@ impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
 const FIRST_POLL: Duration = Duration::from_millis(10);
 const MAX_POLL: Duration = Duration::from_millis(250);
 
+/// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
+/// that request holds no lease whose end could be told, and such handlers take milliseconds.
+const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The length given to the [`Lease`] of a request in the one-transaction mode: its key is held
+/// by its open transaction, which has no end but its own, so the lease never runs out.
+const NO_LEASE_END: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// What a live record means for a request with a given fingerprint.
+pub(crate) enum Judged {
+    /// Another request's record: answer 422.
+    Mismatch,
+    /// The same request, completed: replay it.
+    Replay(StoredResponse),
+    /// The same request, still running; its lease has this long left.
+    Running(Duration),
+}
+
+/// The one rule for a live record found by a request with `fingerprint`.
+pub(crate) fn judge(record: Record, fingerprint: &Fingerprint) -> Judged {
+    if record.fingerprint != *fingerprint {
+        return Judged::Mismatch;
+    }
+    match record.state {
+        RecordState::Completed { response, .. } => Judged::Replay(response),
+        RecordState::InFlight { lease_remaining } => Judged::Running(lease_remaining),
+    }
+}
+
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// An engine over `store` with `config`.
     pub fn new(store: S, config: EngineConfig) -> Self {
@@ -191,6 +220,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin<S>, StoreError> {
+        if self.shared.config.claim_mode == ClaimMode::OneTransaction {
+            return self.begin_in_transaction(scope, key, fingerprint).await;
+        }
         let config = &self.shared.config;
         let started = Instant::now();
         let mut pending = PendingClaim {
@@ -251,16 +283,16 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     };
                 }
             };
-            if record.fingerprint != fingerprint {
-                pending.disarm();
-                return Ok(Begin::Mismatch);
-            }
-            match record.state {
-                RecordState::Completed { response, .. } => {
+            match judge(record, &fingerprint) {
+                Judged::Mismatch => {
+                    pending.disarm();
+                    return Ok(Begin::Mismatch);
+                }
+                Judged::Replay(response) => {
                     pending.disarm();
                     return Ok(Begin::Replay(response));
                 }
-                RecordState::InFlight { lease_remaining } => {
+                Judged::Running(lease_remaining) => {
                     seen_running = Some(lease_remaining);
                     let now = Instant::now();
                     if now >= deadline {
@@ -276,6 +308,74 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     poll = (poll * 2).min(MAX_POLL);
                 }
             }
+        }
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// [`Engine::begin`] in [`ClaimMode::OneTransaction`]: one round trip opens the request's
+    /// transaction and reads the key in it; nothing is written before the handler's own writes.
+    /// A duplicate finds the key's lock held (in flight) or its record (replay, or mismatch);
+    /// waiting for it follows [`EngineConfig::in_flight_wait`] as in the lease mode.
+    async fn begin_in_transaction(
+        &self,
+        scope: Scope,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<S>, StoreError> {
+        let shared = &self.shared;
+        let Some(store) = shared
+            .store
+            .transactional()
+            .filter(|store| store.supports_one_transaction())
+        else {
+            return Err(StoreError::Backend {
+                backend: shared.store.backend(),
+                source: "ClaimMode::OneTransaction needs a store whose transactions support it \
+                         (the PostgreSQL store with transactions on); this store does not"
+                    .into(),
+            });
+        };
+        let started = Instant::now();
+        let deadline = started + shared.config.in_flight_wait;
+        let mut poll = FIRST_POLL;
+        let mut seen_running: Option<Duration> = None;
+        loop {
+            let token = LeaseToken::new();
+            let begun = shared
+                .call(
+                    Op::Begin,
+                    store.begin_keyed(&scope, &key, &fingerprint, token),
+                )
+                .await;
+            let running = match begun {
+                Ok(KeyedBegin::Absent(tx)) => {
+                    let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
+                    let guard = Guard::in_transaction(Arc::clone(shared), lease, fingerprint, tx);
+                    return Ok(Begin::Proceed(guard));
+                }
+                Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {
+                    Judged::Mismatch => return Ok(Begin::Mismatch),
+                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
+                    Judged::Running(lease_remaining) => lease_remaining,
+                },
+                Ok(KeyedBegin::Busy) => TRANSACTION_RETRY_AFTER,
+                Err(error) => {
+                    return match seen_running {
+                        // Something already showed that another request holds the key.
+                        Some(retry_after) => Ok(Begin::InFlight { retry_after }),
+                        None => Err(error),
+                    };
+                }
+            };
+            let retry_after = running.min(TRANSACTION_RETRY_AFTER);
+            seen_running = Some(retry_after);
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Begin::InFlight { retry_after });
+            }
+            tokio::time::sleep(poll.min(deadline - now)).await;
+            poll = (poll * 2).min(MAX_POLL);
         }
     }
 }

@@ -1,0 +1,486 @@
+//! The transactional cases: what every [`TransactionalStore`](idempotency_core::TransactionalStore)
+//! must keep when the handler's writes and the stored response share one transaction, in each
+//! [`ClaimMode`] the store supports.
+//!
+//! A store's test supplies a [`TransactionalHarness`]: the store, a write of one "side effect" row
+//! in the request's transaction (its driver's statement), and a count of the committed rows. Each
+//! case then counts how many times a side effect stands, which is the property the user buys:
+//! never twice, and never a stored response without its writes.
+//!
+//! ```ignore
+//! idempotency_conformance::transactional_suite!(make_harness(), ClaimMode::Lease, ClaimMode::OneTransaction);
+//! ```
+
+use crate::cases::{LONG, fingerprint, key, response, scope};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use idempotency_core::{
+    Begin, BoxError, ClaimMode, Completion, Engine, EngineConfig, Guard, IdempotencyStore,
+    RollbackCause, StoredResponse, Superseded, TransactionSlot,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What the transactional cases need of a store besides its trait: a side effect written in the
+/// request's transaction, and a count of the side effects that committed.
+#[async_trait::async_trait]
+pub trait TransactionalHarness: Send + Sync + 'static {
+    /// The store under test (cheap to clone; clones share the database).
+    type Store: IdempotencyStore + Clone + 'static;
+
+    /// The store.
+    fn store(&self) -> Self::Store;
+
+    /// In the request's transaction (opened through `slot` as the driver's type), writes one
+    /// side-effect row tagged `tag`.
+    async fn write(&self, slot: &TransactionSlot, tag: &str) -> Result<(), BoxError>;
+
+    /// How many side-effect rows tagged `tag` are committed.
+    async fn count(&self, tag: &str) -> u64;
+
+    /// Called after each case, passed or failed (drop a test schema, say). Nothing by default.
+    async fn teardown(&self) {}
+}
+
+/// Bound on each wait of a case for the store's background work (a rollback, a release).
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> Engine<H::Store> {
+    let store = harness.store();
+    assert!(
+        store.transactional().is_some(),
+        "the transactional cases need a store whose `transactional()` is Some"
+    );
+    Engine::new(
+        store,
+        EngineConfig::default()
+            .with_lease(LONG)
+            .with_claim_mode(mode),
+    )
+}
+
+fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<S> {
+    match begin {
+        Begin::Proceed(guard) => guard,
+        other => panic!("{what}: expected to proceed, got {other:?}"),
+    }
+}
+
+async fn write<H: TransactionalHarness>(harness: &H, guard: &Guard<H::Store>, tag: &str) {
+    let slot = guard
+        .transaction()
+        .expect("a transactional store offers the request a transaction");
+    harness
+        .write(slot, tag)
+        .await
+        .expect("write in the request's transaction");
+}
+
+/// Begins `key` again until it proceeds (the key was freed in the background), within
+/// [`SETTLE`].
+async fn proceeds_again<S: IdempotencyStore + 'static>(
+    engine: &Engine<S>,
+    scope: &idempotency_core::Scope,
+    key: &idempotency_core::IdempotencyKey,
+    body: &str,
+    what: &str,
+) -> Guard<S> {
+    let until = Instant::now() + SETTLE;
+    loop {
+        match engine
+            .begin(scope.clone(), key.clone(), fingerprint(body))
+            .await
+            .expect("begin")
+        {
+            Begin::Proceed(guard) => return guard,
+            Begin::InFlight { .. } if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("{what}: the key should be free again, got {other:?}"),
+        }
+    }
+}
+
+/// Invariant 10: a committed request has its write and its stored response, and its retry
+/// replays without writing again.
+pub async fn tx_commit_keeps_the_write_and_the_response<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (scope, key, tag) = (scope("tx_commit"), key(), uuid::Uuid::new_v4().to_string());
+    let guard = proceed(
+        engine
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &guard, &tag).await;
+    assert_eq!(
+        guard.complete(response(201, b"{\"id\":1}")).await,
+        Completion::Stored
+    );
+    assert_eq!(harness.count(&tag).await, 1, "the write committed");
+    match engine
+        .begin(scope, key, fingerprint("a"))
+        .await
+        .expect("begin")
+    {
+        Begin::Replay(stored) => assert_eq!(stored, response(201, b"{\"id\":1}")),
+        other => panic!("the retry must replay, got {other:?}"),
+    }
+    assert_eq!(harness.count(&tag).await, 1, "the replay wrote nothing");
+}
+
+/// A handler that fails (its status is not stored) leaves none of its writes, and the key is
+/// free at once for the retry.
+pub async fn tx_handler_failure_rolls_back_and_frees_the_key<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (scope, key, tag) = (scope("tx_failure"), key(), uuid::Uuid::new_v4().to_string());
+    let guard = proceed(
+        engine
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &guard, &tag).await;
+    assert_eq!(
+        guard.complete(response(500, b"oops")).await,
+        Completion::Released
+    );
+    assert_eq!(
+        harness.count(&tag).await,
+        0,
+        "a failed request's write rolled back"
+    );
+    let retry = proceeds_again(&engine, &scope, &key, "a", "after a released failure").await;
+    write(&*harness, &retry, &tag).await;
+    assert_eq!(
+        retry.complete(response(201, b"ok")).await,
+        Completion::Stored
+    );
+    assert_eq!(harness.count(&tag).await, 1, "the retry ran once");
+}
+
+/// A request dropped before its commit (a crash, a cancelled future) leaves none of its
+/// writes, and the key is freed for the retry (at once in the one-transaction mode, by the
+/// background release in the lease mode).
+pub async fn tx_dropped_request_leaves_nothing<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (scope, key, tag) = (scope("tx_dropped"), key(), uuid::Uuid::new_v4().to_string());
+    let guard = proceed(
+        engine
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &guard, &tag).await;
+    drop(guard);
+    let retry = proceeds_again(&engine, &scope, &key, "a", "after a dropped request").await;
+    assert_eq!(
+        harness.count(&tag).await,
+        0,
+        "the dropped request's write rolled back"
+    );
+    write(&*harness, &retry, &tag).await;
+    assert_eq!(
+        retry.complete(response(201, b"ok")).await,
+        Completion::Stored
+    );
+    assert_eq!(harness.count(&tag).await, 1, "the retry ran once");
+}
+
+/// A duplicate that arrives while the first request's transaction is open is told it is in
+/// flight (it neither runs nor waits on a lock), and replays once the first commits.
+pub async fn tx_duplicate_while_open_is_in_flight_then_replays<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (scope, key, tag) = (
+        scope("tx_duplicate"),
+        key(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let first = proceed(
+        engine
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &first, &tag).await;
+    let started = Instant::now();
+    match tokio::time::timeout(
+        SETTLE,
+        engine.begin(scope.clone(), key.clone(), fingerprint("a")),
+    )
+    .await
+    .expect("a duplicate is answered without waiting for the first request")
+    .expect("begin")
+    {
+        Begin::InFlight { retry_after } => assert!(
+            retry_after > Duration::ZERO,
+            "a duplicate gets a retry hint"
+        ),
+        other => panic!("a duplicate of an open request must be in flight, got {other:?}"),
+    }
+    assert!(started.elapsed() < SETTLE);
+    assert_eq!(
+        first.complete(response(201, b"first")).await,
+        Completion::Stored
+    );
+    match engine
+        .begin(scope, key, fingerprint("a"))
+        .await
+        .expect("begin")
+    {
+        Begin::Replay(stored) => assert_eq!(stored, response(201, b"first")),
+        other => panic!("after the first committed, the duplicate must replay, got {other:?}"),
+    }
+    assert_eq!(harness.count(&tag).await, 1);
+}
+
+/// Invariant 1 through the transaction: many concurrent duplicates of one key, each retrying
+/// while told "in flight", end with exactly one committed write, and every one of them with
+/// the first request's response.
+pub async fn tx_concurrent_duplicates_write_once<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (scope, key, tag) = (scope("tx_race"), key(), uuid::Uuid::new_v4().to_string());
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let (engine, harness) = (engine.clone(), Arc::clone(&harness));
+        let (scope, key, tag) = (scope.clone(), key.clone(), tag.clone());
+        tasks.push(tokio::spawn(async move {
+            let until = Instant::now() + SETTLE;
+            loop {
+                let begun = engine
+                    .begin(scope.clone(), key.clone(), fingerprint("same"))
+                    .await
+                    .expect("begin");
+                match begun {
+                    Begin::Proceed(guard) => {
+                        write(&*harness, &guard, &tag).await;
+                        let mine = StoredResponse::new(
+                            StatusCode::CREATED,
+                            HeaderMap::new(),
+                            Bytes::from(format!("winner {i}")),
+                        );
+                        return match guard.complete(mine.clone()).await {
+                            Completion::Stored => mine,
+                            Completion::Superseded(Superseded::Replay(stored)) => stored,
+                            other => panic!("unexpected completion {other:?}"),
+                        };
+                    }
+                    Begin::Replay(stored) => return stored,
+                    Begin::InFlight { .. } if Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    other => panic!("unexpected answer {other:?}"),
+                }
+            }
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("a duplicate's task"));
+    }
+    assert_eq!(
+        harness.count(&tag).await,
+        1,
+        "one write for sixteen duplicates"
+    );
+    assert!(
+        answers.windows(2).all(|w| w[0] == w[1]),
+        "every duplicate got the same response: {answers:?}"
+    );
+}
+
+/// Lease mode: a request whose lease ran out and was taken over cannot commit; none of its
+/// writes exist, and the request that took over commits once.
+pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(harness: Arc<H>) {
+    let short = Engine::new(
+        harness.store(),
+        EngineConfig::default()
+            .with_lease(Duration::from_millis(400))
+            .with_heartbeat(false),
+    );
+    let (scope, key, tag) = (scope("tx_fenced"), key(), uuid::Uuid::new_v4().to_string());
+    let stale = proceed(
+        short
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &stale, &tag).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let taker = engine(&*harness, ClaimMode::Lease);
+    let current = proceed(
+        taker
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a lapsed lease is taken over",
+    );
+    assert_eq!(
+        stale.complete(response(201, b"stale")).await,
+        Completion::RolledBack(RollbackCause::LeaseLost),
+        "a commit after a takeover is refused"
+    );
+    assert_eq!(
+        harness.count(&tag).await,
+        0,
+        "the stale request's write rolled back"
+    );
+    write(&*harness, &current, &tag).await;
+    assert_eq!(
+        current.complete(response(201, b"current")).await,
+        Completion::Stored
+    );
+    assert_eq!(harness.count(&tag).await, 1);
+}
+
+/// One-transaction mode: the unique index, not the lock, decides. A request whose key was
+/// completed by another while its transaction was open (here a lease-mode request on the same
+/// table) rolls back all of its writes and answers with the record that stands.
+pub async fn tx_one_transaction_loser_rolls_back_and_replays<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    let one_tx = engine(&*harness, ClaimMode::OneTransaction);
+    let lease = engine(&*harness, ClaimMode::Lease);
+    let (scope, key) = (scope("tx_loser"), key());
+    let (late_tag, winner_tag) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let late = proceed(
+        one_tx
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &late, &late_tag).await;
+    let winner = proceed(
+        lease
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "the lease mode does not see the open transaction's key",
+    );
+    write(&*harness, &winner, &winner_tag).await;
+    assert_eq!(
+        winner.complete(response(201, b"winner")).await,
+        Completion::Stored
+    );
+    assert_eq!(
+        late.complete(response(201, b"late")).await,
+        Completion::Superseded(Superseded::Replay(response(201, b"winner"))),
+        "the later commit rolls back and replays the record that stands"
+    );
+    assert_eq!(
+        harness.count(&late_tag).await,
+        0,
+        "the loser's write rolled back"
+    );
+    assert_eq!(harness.count(&winner_tag).await, 1);
+
+    // With another request's fingerprint, the loser answers as a mismatch.
+    let (scope, key) = (
+        crate::cases::scope("tx_loser_mismatch"),
+        crate::cases::key(),
+    );
+    let late = proceed(
+        one_tx
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin"),
+        "a fresh key",
+    );
+    write(&*harness, &late, &late_tag).await;
+    let winner = proceed(
+        lease
+            .begin(scope, key, fingerprint("b"))
+            .await
+            .expect("begin"),
+        "the lease mode does not see the open transaction's key",
+    );
+    assert_eq!(
+        winner.complete(response(201, b"b")).await,
+        Completion::Stored
+    );
+    assert_eq!(
+        late.complete(response(201, b"a")).await,
+        Completion::Superseded(Superseded::Mismatch)
+    );
+    assert_eq!(
+        harness.count(&late_tag).await,
+        0,
+        "the loser's write rolled back"
+    );
+}
+
+/// Expands the transactional cases into `#[tokio::test]`s for one store: `$make` is an
+/// expression evaluated once per case that yields a future of a [`TransactionalHarness`], and
+/// the modes the store supports follow it: `lease`, and `one_transaction` too for a store whose
+/// `supports_one_transaction()` is true. [`TransactionalHarness::teardown`] runs after each case.
+#[macro_export]
+macro_rules! transactional_suite {
+    ($make:expr, lease) => {
+        $crate::transactional_suite!(@mode lease, ::idempotency_core::ClaimMode::Lease, $make);
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn tx_lease_commit_after_takeover_is_fenced() {
+            $crate::transactional_suite!(@run $make, |h| $crate::transactional::tx_lease_commit_after_takeover_is_fenced(h));
+        }
+    };
+    ($make:expr, lease, one_transaction) => {
+        $crate::transactional_suite!($make, lease);
+        $crate::transactional_suite!(@mode one_transaction, ::idempotency_core::ClaimMode::OneTransaction, $make);
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn tx_one_transaction_loser_rolls_back_and_replays() {
+            $crate::transactional_suite!(@run $make, |h| $crate::transactional::tx_one_transaction_loser_rolls_back_and_replays(h));
+        }
+    };
+    (@mode $name:ident, $mode:expr, $make:expr) => {
+        mod $name {
+            use super::*;
+            $crate::transactional_suite!(@cases $mode, $make,
+                tx_commit_keeps_the_write_and_the_response
+                tx_handler_failure_rolls_back_and_frees_the_key
+                tx_dropped_request_leaves_nothing
+                tx_duplicate_while_open_is_in_flight_then_replays
+                tx_concurrent_duplicates_write_once
+            );
+        }
+    };
+    (@cases $mode:expr, $make:expr, $($case:ident)*) => {$(
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            $crate::transactional_suite!(@run $make, |h| $crate::transactional::$case(h, $mode));
+        }
+    )*};
+    (@run $make:expr, |$h:ident| $case:expr) => {{
+        use $crate::__private::futures_util::FutureExt as _;
+        let harness = ::std::sync::Arc::new($make.await);
+        let $h = ::std::sync::Arc::clone(&harness);
+        let outcome = ::std::panic::AssertUnwindSafe($case).catch_unwind().await;
+        $crate::transactional::TransactionalHarness::teardown(&*harness).await;
+        if let Err(panic) = outcome {
+            ::std::panic::resume_unwind(panic);
+        }
+    }};
+}
