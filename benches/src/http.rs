@@ -220,12 +220,19 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `binary serve-tasks [--layer]` and waits until it listens.
     pub async fn start(binary: &std::path::Path, variant: Variant) -> Result<Self, String> {
+        let mut args = vec!["serve-tasks", "--listen", "127.0.0.1:0"];
+        if let Variant::Layer(store) = variant {
+            args.extend(["--layer", store.name()]);
+        }
+        Self::spawn(binary, &args).await
+    }
+
+    /// Starts `binary args..`, a server that prints `listening on <addr>` once bound, and
+    /// waits until it listens.
+    pub async fn spawn(binary: &std::path::Path, args: &[&str]) -> Result<Self, String> {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut command = tokio::process::Command::new(binary);
-        command.args(["serve-tasks", "--listen", "127.0.0.1:0"]);
-        if let Variant::Layer(store) = variant {
-            command.args(["--layer", store.name()]);
-        }
+        command.args(args);
         let mut child = command
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

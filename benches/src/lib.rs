@@ -2,6 +2,7 @@
 //! reach them, and the same statements sent without the library (the floor).
 
 pub mod http;
+pub mod http_pg;
 pub mod load;
 
 use bytes::Bytes;

@@ -41,6 +41,48 @@ enum Command {
     /// Serves the task API of `http` (started by `http` and the report).
     #[command(hide = true)]
     ServeTasks(ServeArgs),
+    /// Through HTTP on PostgreSQL: a create-task handler bare (autocommit, own transaction)
+    /// and behind the layer in each claim mode and key-table mode, interleaved rounds at each
+    /// client count; prints the Markdown table.
+    HttpPg(HttpPgArgs),
+    /// Serves one variant of `http-pg` (started by `http-pg`).
+    #[command(hide = true)]
+    ServePgTasks(ServePgArgs),
+}
+
+/// Settings of the HTTP comparison on PostgreSQL.
+#[derive(clap::Args, Debug)]
+struct HttpPgArgs {
+    /// The database (the bench creates and drops the schema `idempotency_http_bench` there).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true
+    )]
+    url: String,
+    /// Client counts (keep-alive connections at once), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// Rounds per variant and client count.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Length of a round, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+}
+
+/// Settings of one `serve-pg-tasks` server.
+#[derive(clap::Args, Debug)]
+struct ServePgArgs {
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    #[arg(long, hide_env_values = true)]
+    url: String,
+    #[arg(long)]
+    variant: String,
+    #[arg(long, default_value_t = 32)]
+    pool: usize,
 }
 
 /// Settings of an HTTP comparison.
@@ -207,6 +249,25 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
+        Command::HttpPg(args) => runtime.block_on(http_pg(args)),
+        Command::ServePgTasks(args) => {
+            let Some(variant) = idempotency_bench::http_pg::PgVariant::parse(&args.variant) else {
+                eprintln!("serve-pg-tasks: unknown variant {}", args.variant);
+                return std::process::ExitCode::FAILURE;
+            };
+            match runtime.block_on(idempotency_bench::http_pg::serve(
+                args.listen,
+                variant,
+                &args.url,
+                args.pool,
+            )) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("serve-pg-tasks: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::ServeTasks(args) => match runtime.block_on(http::serve(args.listen, args.layer)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -214,6 +275,26 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Runs the HTTP comparison on PostgreSQL and prints its Markdown table.
+async fn http_pg(args: HttpPgArgs) -> std::process::ExitCode {
+    let Ok(length) = std::time::Duration::try_from_secs_f64(args.seconds) else {
+        eprintln!("http-pg: --seconds must be a positive number");
+        return std::process::ExitCode::FAILURE;
+    };
+    match idempotency_bench::http_pg::compare(&args.url, &args.clients, args.rounds.max(1), length)
+        .await
+    {
+        Ok(rows) => {
+            println!("{}", idempotency_bench::http_pg::markdown_table(&rows));
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("http-pg: {e}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 

@@ -229,7 +229,8 @@ mod postgres {
     }
 
     /// Runs `CLIENTS` clients (each retrying its key until done) while the key table refuses every
-    /// `UPDATE` for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
+    /// write (`INSERT` and `UPDATE`: claims, completions, and the one-transaction mode's insert)
+    /// for 3 s, then retries every key and returns (keys with two or more tasks, keys sent).
     async fn key_table_refuses_updates(db: &Database, app: App, lease: &str) -> (i64, usize) {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
         let demo = Demo::start(app, db.url(), lease).await;
@@ -254,7 +255,7 @@ mod postgres {
             .batch_execute(
                 "CREATE FUNCTION refuse_updates() RETURNS trigger LANGUAGE plpgsql AS \
                $$ BEGIN RAISE EXCEPTION 'the key table refuses updates'; END $$; \
-             CREATE TRIGGER refuse_updates BEFORE UPDATE ON idempotency_keys \
+             CREATE TRIGGER refuse_updates BEFORE INSERT OR UPDATE ON idempotency_keys \
                FOR EACH ROW EXECUTE FUNCTION refuse_updates();",
             )
             .await
@@ -278,10 +279,18 @@ mod postgres {
     }
 
     /// SIGKILL under 16 clients, restart, retry every key: with the task written in the key's
-    /// transaction, no key gets two tasks, over three crashes.
+    /// transaction (the demo's default on PostgreSQL, the one-transaction mode), no key gets two
+    /// tasks, over three crashes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_crash_under_load_never_creates_a_task_twice() {
         three_crashes_without_a_double(App::Demo(&[]), "idem_once").await;
+    }
+
+    /// The same three crashes in the lease mode (a claim committed first, the task and the
+    /// completion in the request's transaction).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_under_load_never_creates_a_task_twice_in_lease_mode() {
+        three_crashes_without_a_double(App::Demo(&["--lease-mode"]), "idem_once").await;
     }
 
     /// Three crashes under load of `app` on a fresh database: no key gets two side effects.
@@ -327,13 +336,26 @@ mod postgres {
         db.drop().await;
     }
 
-    /// The key table refuses every UPDATE for 3 s under 16 clients: with the task in the key's
-    /// transaction, a refused completion rolls the task back and the retry creates it once.
+    /// The key table refuses every write for 3 s under 16 clients: with the task in the key's
+    /// one transaction, a refused insert of the key rolls the task back and the retry creates it
+    /// once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_key_table_refusing_updates_never_creates_a_task_twice() {
+    async fn a_key_table_refusing_writes_never_creates_a_task_twice() {
         let db = Database::create("idem_once").await;
         let (doubled, sent) = key_table_refuses_updates(&db, App::Demo(&[]), "10").await;
-        eprintln!("transactional: {sent} keys, {doubled} with two tasks");
+        eprintln!("one transaction: {sent} keys, {doubled} with two tasks");
+        assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
+        db.drop().await;
+    }
+
+    /// The same fault in the lease mode: a refused completion rolls the task back, the key is
+    /// released (fenced), and the retry creates the task once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_table_refusing_writes_never_creates_a_task_twice_in_lease_mode() {
+        let db = Database::create("idem_once").await;
+        let (doubled, sent) =
+            key_table_refuses_updates(&db, App::Demo(&["--lease-mode"]), "10").await;
+        eprintln!("lease mode: {sent} keys, {doubled} with two tasks");
         assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
         db.drop().await;
     }

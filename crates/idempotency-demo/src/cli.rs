@@ -26,6 +26,11 @@ struct Args {
     /// task and its stored response makes the retry create a second task).
     #[arg(long)]
     tasks_outside_transaction: bool,
+    /// On PostgreSQL, hold each key with a committed claim and a lease (the mode for handlers
+    /// that call something outside the database) instead of inside the request's one
+    /// transaction (the default there: the demo's handlers only write tasks in it).
+    #[arg(long)]
+    lease_mode: bool,
     /// On shutdown (Ctrl-C, SIGTERM), how long to wait for running requests to finish and
     /// their responses to be stored.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]
@@ -60,6 +65,7 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         lease: seconds("lease", args.lease)?,
         retention: seconds("retention", args.retention)?,
         tasks_in_transaction: !args.tasks_outside_transaction,
+        one_transaction: !args.lease_mode && !args.tasks_outside_transaction,
     };
     let app = crate::build_app_with(&args.store, &options)
         .await

@@ -1,0 +1,406 @@
+//! What a service on PostgreSQL sees: the same create-task handler (one `INSERT` into a LOGGED
+//! `bench_tasks` table) served bare and behind the layer in each claim mode and key-table mode,
+//! each variant in its own process, driven over loopback keep-alive connections in interleaved
+//! rounds. Per round: requests/s, p50/p99 and the WAL the database wrote per request; each
+//! variant's ratio to the bare `BEGIN; INSERT; COMMIT` handler of the same round.
+//!
+//! `idempotency-bench serve-pg-tasks` runs one variant; [`compare`] runs them all.
+
+use crate::http::{Round, ServerProcess, Workload, round};
+use crate::{err, median};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use idempotency::postgres::deadpool_postgres::Pool;
+use idempotency::postgres::tokio_postgres;
+use idempotency::{
+    ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Scope, TableMode, Tx,
+};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The schema the bench creates (and drops) for its tables.
+pub const SCHEMA: &str = "idempotency_http_bench";
+
+/// One server variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgVariant {
+    /// The handler alone, its `INSERT` in autocommit.
+    BareAutocommit,
+    /// The handler alone, `BEGIN; INSERT; COMMIT` (tokio-postgres's `transaction()` and
+    /// `commit()`: three round trips).
+    BareTransaction,
+    /// Behind the layer in `mode`, its `INSERT` in the request's `Tx`, keys in a `table` table.
+    Layer {
+        /// How the key is held.
+        mode: ClaimMode,
+        /// The key table's persistence.
+        table: TableMode,
+    },
+}
+
+impl PgVariant {
+    /// Every variant the comparison runs, the reference (bare transaction) first.
+    pub const ALL: [PgVariant; 6] = [
+        PgVariant::BareTransaction,
+        PgVariant::BareAutocommit,
+        PgVariant::Layer {
+            mode: ClaimMode::Lease,
+            table: TableMode::Unlogged,
+        },
+        PgVariant::Layer {
+            mode: ClaimMode::Lease,
+            table: TableMode::Logged,
+        },
+        PgVariant::Layer {
+            mode: ClaimMode::OneTransaction,
+            table: TableMode::Unlogged,
+        },
+        PgVariant::Layer {
+            mode: ClaimMode::OneTransaction,
+            table: TableMode::Logged,
+        },
+    ];
+
+    /// Its name on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            PgVariant::BareAutocommit => "bare-autocommit",
+            PgVariant::BareTransaction => "bare-transaction",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransaction,
+                table: TableMode::Logged,
+            } => "one-transaction-logged",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransaction,
+                ..
+            } => "one-transaction-unlogged",
+            PgVariant::Layer {
+                table: TableMode::Logged,
+                ..
+            } => "lease-logged",
+            PgVariant::Layer { .. } => "lease-unlogged",
+        }
+    }
+
+    /// The variant named `name`.
+    pub fn parse(name: &str) -> Option<PgVariant> {
+        PgVariant::ALL.into_iter().find(|v| v.name() == name)
+    }
+
+    /// What a reader should know about its round trips per fresh-key request.
+    pub fn round_trips(self) -> &'static str {
+        match self {
+            PgVariant::BareAutocommit => "1",
+            PgVariant::BareTransaction => "3 (BEGIN, INSERT, COMMIT)",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransaction,
+                ..
+            } => "3 (BEGIN + key lookup, INSERT, key insert + COMMIT)",
+            PgVariant::Layer { .. } => "4 (claim, BEGIN + check, INSERT, completion + COMMIT)",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    pool: Pool,
+    autocommit: bool,
+}
+
+const INSERT: &str =
+    "INSERT INTO idempotency_http_bench.bench_tasks (user_id, title) VALUES ($1, $2) RETURNING id";
+
+fn user_and_title(headers: &HeaderMap, body: &Bytes) -> (String, String) {
+    let user = headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("anonymous")
+        .to_owned();
+    (user, String::from_utf8_lossy(body).into_owned())
+}
+
+fn created(id: i64, title: String) -> (StatusCode, Json<serde_json::Value>) {
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "id": id, "title": title })),
+    )
+}
+
+async fn bare(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let mut client = app
+        .pool
+        .get()
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let statement = client.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let id: i64 = if app.autocommit {
+        client
+            .query_one(&statement, &[&user, &title])
+            .await
+            .map_err(unavailable)?
+            .get(0)
+    } else {
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let id = tx
+            .query_one(&statement, &[&user, &title])
+            .await
+            .map_err(unavailable)?
+            .get(0);
+        tx.commit().await.map_err(unavailable)?;
+        id
+    };
+    Ok(created(id, title))
+}
+
+async fn in_tx(
+    tx: Tx<PgTransaction>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let statement = tx.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let id: i64 = tx
+        .query_one(&statement, &[&user, &title])
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    Ok(created(id, title))
+}
+
+/// The app of `variant` on the database at `url`, with a pool of `pool` connections.
+pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, String> {
+    let table = match variant {
+        PgVariant::Layer { table, .. } => table,
+        _ => TableMode::Unlogged,
+    };
+    let store = PostgresStore::builder(url)
+        .schema(SCHEMA)
+        .table(match table {
+            TableMode::Logged => "keys_logged",
+            _ => "keys_unlogged",
+        })
+        .table_mode(table)
+        .pool_size(pool)
+        .build()
+        .await
+        .map_err(err)?;
+    store.migrate().await.map_err(err)?;
+    let router = match variant {
+        PgVariant::BareAutocommit | PgVariant::BareTransaction => {
+            Router::new().route("/tasks", post(bare)).with_state(App {
+                pool: store.pool().clone(),
+                autocommit: variant == PgVariant::BareAutocommit,
+            })
+        }
+        PgVariant::Layer { mode, .. } => {
+            fn scope(parts: &axum::http::request::Parts) -> Option<Scope> {
+                parts
+                    .headers
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|u| Scope::new(u).ok())
+            }
+            let layer = IdempotencyLayer::builder(store)
+                .scope_with(scope)
+                .claim_mode(mode)
+                .build();
+            Router::new().route("/tasks", post(in_tx).layer(layer))
+        }
+    };
+    Ok(router)
+}
+
+/// Creates the bench's schema and task table afresh.
+pub async fn prepare(url: &str) -> Result<(), String> {
+    let client = connect(url).await?;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; \
+             CREATE TABLE {SCHEMA}.bench_tasks (id bigserial PRIMARY KEY, user_id text NOT NULL, \
+               title text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await
+        .map_err(err)
+}
+
+/// Drops the bench's schema.
+pub async fn cleanup(url: &str) -> Result<(), String> {
+    connect(url)
+        .await?
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+        .await
+        .map_err(err)
+}
+
+async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(err)?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// Serves `variant` on `listen` and prints `listening on <addr>` once bound.
+pub async fn serve(
+    listen: SocketAddr,
+    variant: PgVariant,
+    url: &str,
+    pool: usize,
+) -> Result<(), String> {
+    let app = app(variant, url, pool).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "listening on {}",
+        listener.local_addr().map_err(|e| e.to_string())?
+    );
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}
+
+/// One variant's medians at one client count.
+#[derive(Clone, Debug)]
+pub struct PgRow {
+    /// The variant.
+    pub variant: PgVariant,
+    /// Connections at once.
+    pub clients: usize,
+    /// Median requests/s.
+    pub throughput: f64,
+    /// Median p50.
+    pub p50: Duration,
+    /// Median p99.
+    pub p99: Duration,
+    /// Median WAL bytes per request.
+    pub wal_per_request: f64,
+    /// Median of the per-round ratios of requests/s to the bare transaction's.
+    pub ratio: f64,
+    /// Median of the per-round ratios of p99 to the bare transaction's.
+    pub p99_ratio: f64,
+}
+
+async fn wal_lsn(client: &tokio_postgres::Client) -> Result<i64, String> {
+    let row = client
+        .query_one(
+            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
+        .await
+        .map_err(err)?;
+    Ok(row.get(0))
+}
+
+/// Runs `rounds` interleaved rounds of every variant at each of `clients` connection counts, on
+/// the database at `url` (a pool of 32 connections per server, as the issue's measurement).
+pub async fn compare(
+    url: &str,
+    clients: &[usize],
+    rounds: usize,
+    length: Duration,
+) -> Result<Vec<PgRow>, String> {
+    prepare(url).await?;
+    let binary = std::env::current_exe().map_err(|e| e.to_string())?;
+    let admin = connect(url).await?;
+    let mut rows = Vec::new();
+    for &connections in clients {
+        // Per round, per variant: (round figures, WAL bytes per request).
+        let mut measured: Vec<Vec<(Round, f64)>> = vec![Vec::new(); PgVariant::ALL.len()];
+        for r in 0..rounds {
+            for i in 0..PgVariant::ALL.len() {
+                // Rotate the order each round, so no variant always runs first or last.
+                let index = (i + r) % PgVariant::ALL.len();
+                let variant = PgVariant::ALL[index];
+                let args = [
+                    "serve-pg-tasks",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--url",
+                    url,
+                    "--variant",
+                    variant.name(),
+                ];
+                let server = ServerProcess::spawn(&binary, &args).await?;
+                // Warm up: prepared statements on every connection, the pool filled.
+                round(
+                    &server,
+                    Workload::FreshKeys,
+                    connections,
+                    Duration::from_millis(500),
+                )
+                .await?;
+                let before = wal_lsn(&admin).await?;
+                let figures = round(&server, Workload::FreshKeys, connections, length).await?;
+                let wal = (wal_lsn(&admin).await? - before) as f64;
+                let requests = figures.throughput * length.as_secs_f64();
+                measured[index].push((figures, wal / requests.max(1.0)));
+                drop(server);
+            }
+        }
+        let reference = &measured[0];
+        for (index, variant) in PgVariant::ALL.into_iter().enumerate() {
+            let runs = &measured[index];
+            let pick = |f: &dyn Fn(&(Round, f64)) -> f64| {
+                median(&mut runs.iter().map(f).collect::<Vec<_>>())
+            };
+            let ratio = median(
+                &mut runs
+                    .iter()
+                    .zip(reference)
+                    .map(|(v, b)| v.0.throughput / b.0.throughput)
+                    .collect::<Vec<_>>(),
+            );
+            let p99_ratio = median(
+                &mut runs
+                    .iter()
+                    .zip(reference)
+                    .map(|(v, b)| v.0.p99.as_secs_f64() / b.0.p99.as_secs_f64())
+                    .collect::<Vec<_>>(),
+            );
+            rows.push(PgRow {
+                variant,
+                clients: connections,
+                throughput: pick(&|(f, _)| f.throughput),
+                p50: Duration::from_secs_f64(pick(&|(f, _)| f.p50.as_secs_f64())),
+                p99: Duration::from_secs_f64(pick(&|(f, _)| f.p99.as_secs_f64())),
+                wal_per_request: pick(&|(_, w)| *w),
+                ratio,
+                p99_ratio,
+            });
+        }
+    }
+    cleanup(url).await?;
+    Ok(rows)
+}
+
+/// The rows as a Markdown table.
+pub fn markdown_table(rows: &[PgRow]) -> String {
+    let mut table = String::from(
+        "| clients | handler | req/s | × bare transaction | p50 | p99 | p99 × bare transaction | WAL / request | round trips |\n\
+         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+    );
+    for row in rows {
+        table.push_str(&format!(
+            "| {} | {} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0} B | {} |\n",
+            row.clients,
+            row.variant.name(),
+            row.throughput,
+            row.ratio,
+            row.p50.as_secs_f64() * 1e3,
+            row.p99.as_secs_f64() * 1e3,
+            row.p99_ratio,
+            row.wal_per_request,
+            row.variant.round_trips(),
+        ));
+    }
+    table
+}
