@@ -287,7 +287,42 @@ pub struct PgRow {
     pub ratio: f64,
     /// Median of the per-round ratios of p99 to the bare transaction's.
     pub p99_ratio: f64,
+    /// Median CPU time of the server process per request.
+    pub app_cpu: Option<Duration>,
+    /// Median CPU time of all PostgreSQL processes per request.
+    pub db_cpu: Option<Duration>,
 }
+
+/// CPU time (user + system) of every process named `postgres`, from `/proc`; `None` where it
+/// cannot be read (another OS, a remote server: then the column says `?`).
+fn postgres_cpu() -> Option<Duration> {
+    let mut ticks = 0u64;
+    let mut found = false;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if let (Some(Ok(user)), Some(Ok(system))) = (
+            fields.get(11).map(|f| f.parse::<u64>()),
+            fields.get(12).map(|f| f.parse::<u64>()),
+        ) {
+            ticks += user + system;
+            found = true;
+        }
+    }
+    // USER_HZ is 100 on Linux.
+    found.then(|| Duration::from_millis(ticks * 10))
+}
+
+/// One round of one variant: its figures, WAL bytes per request, database CPU per request.
+type Measured = (Round, f64, Option<Duration>);
 
 async fn wal_lsn(client: &tokio_postgres::Client) -> Result<i64, String> {
     let row = client
@@ -313,8 +348,9 @@ pub async fn compare(
     let admin = connect(url).await?;
     let mut rows = Vec::new();
     for &connections in clients {
-        // Per round, per variant: (round figures, WAL bytes per request).
-        let mut measured: Vec<Vec<(Round, f64)>> = vec![Vec::new(); PgVariant::ALL.len()];
+        // Per round, per variant: (round figures, WAL bytes per request, database CPU per
+        // request).
+        let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); PgVariant::ALL.len()];
         for r in 0..rounds {
             for i in 0..PgVariant::ALL.len() {
                 // Rotate the order each round, so no variant always runs first or last.
@@ -339,18 +375,28 @@ pub async fn compare(
                 )
                 .await?;
                 let before = wal_lsn(&admin).await?;
+                let db_before = postgres_cpu();
                 let figures = round(&server, Workload::FreshKeys, connections, length).await?;
+                let db_cpu = match (db_before, postgres_cpu()) {
+                    (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+                    _ => None,
+                };
                 let wal = (wal_lsn(&admin).await? - before) as f64;
-                let requests = figures.throughput * length.as_secs_f64();
-                measured[index].push((figures, wal / requests.max(1.0)));
+                let requests = (figures.throughput * length.as_secs_f64()).max(1.0);
+                let db_cpu = db_cpu.map(|cpu| cpu.div_f64(requests));
+                measured[index].push((figures, wal / requests, db_cpu));
                 drop(server);
             }
         }
         let reference = &measured[0];
         for (index, variant) in PgVariant::ALL.into_iter().enumerate() {
             let runs = &measured[index];
-            let pick = |f: &dyn Fn(&(Round, f64)) -> f64| {
-                median(&mut runs.iter().map(f).collect::<Vec<_>>())
+            let pick =
+                |f: &dyn Fn(&Measured) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+            let cpu = |f: &dyn Fn(&Measured) -> Option<Duration>| {
+                let values: Option<Vec<f64>> =
+                    runs.iter().map(|r| f(r).map(|d| d.as_secs_f64())).collect();
+                values.map(|mut v| Duration::from_secs_f64(median(&mut v)))
             };
             let ratio = median(
                 &mut runs
@@ -369,12 +415,14 @@ pub async fn compare(
             rows.push(PgRow {
                 variant,
                 clients: connections,
-                throughput: pick(&|(f, _)| f.throughput),
-                p50: Duration::from_secs_f64(pick(&|(f, _)| f.p50.as_secs_f64())),
-                p99: Duration::from_secs_f64(pick(&|(f, _)| f.p99.as_secs_f64())),
-                wal_per_request: pick(&|(_, w)| *w),
+                throughput: pick(&|(f, ..)| f.throughput),
+                p50: Duration::from_secs_f64(pick(&|(f, ..)| f.p50.as_secs_f64())),
+                p99: Duration::from_secs_f64(pick(&|(f, ..)| f.p99.as_secs_f64())),
+                wal_per_request: pick(&|(_, w, _)| *w),
                 ratio,
                 p99_ratio,
+                app_cpu: cpu(&|(f, ..)| f.cpu_per_request),
+                db_cpu: cpu(&|(.., d)| *d),
             });
         }
     }
@@ -385,12 +433,17 @@ pub async fn compare(
 /// The rows as a Markdown table.
 pub fn markdown_table(rows: &[PgRow]) -> String {
     let mut table = String::from(
-        "| clients | handler | req/s | × bare transaction | p50 | p99 | p99 × bare transaction | WAL / request | round trips |\n\
-         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| clients | handler | req/s | × bare transaction | p50 | p99 | p99 × bare transaction | WAL / request | app CPU / request | database CPU / request | round trips |\n\
+         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
+    let us = |d: Option<Duration>| {
+        d.map_or("?".to_owned(), |d| {
+            format!("{:.0} µs", d.as_secs_f64() * 1e6)
+        })
+    };
     for row in rows {
         table.push_str(&format!(
-            "| {} | {} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0} B | {} |\n",
+            "| {} | {} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0} B | {} | {} | {} |\n",
             row.clients,
             row.variant.name(),
             row.throughput,
@@ -399,6 +452,8 @@ pub fn markdown_table(rows: &[PgRow]) -> String {
             row.p99.as_secs_f64() * 1e3,
             row.p99_ratio,
             row.wal_per_request,
+            us(row.app_cpu),
+            us(row.db_cpu),
             row.variant.round_trips(),
         ));
     }
