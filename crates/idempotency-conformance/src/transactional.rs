@@ -67,6 +67,21 @@ fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<
     }
 }
 
+/// Begins `(scope, key)` with the fingerprint of `body`, which must proceed.
+async fn fresh<S: IdempotencyStore + 'static>(
+    engine: &Engine<S>,
+    scope: &idempotency_core::Scope,
+    key: &idempotency_core::IdempotencyKey,
+    body: &str,
+    what: &str,
+) -> Guard<S> {
+    let begun = engine
+        .begin(scope.clone(), key.clone(), fingerprint(body))
+        .await
+        .expect("begin");
+    proceed(begun, what)
+}
+
 async fn write<H: TransactionalHarness>(harness: &H, guard: &Guard<H::Store>, tag: &str) {
     let slot = guard
         .transaction()
@@ -110,13 +125,7 @@ pub async fn tx_commit_keeps_the_write_and_the_response<H: TransactionalHarness>
 ) {
     let engine = engine(&*harness, mode);
     let (scope, key, tag) = (scope("tx_commit"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = proceed(
-        engine
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &guard, &tag).await;
     assert_eq!(
         guard.complete(response(201, b"{\"id\":1}")).await,
@@ -142,13 +151,7 @@ pub async fn tx_handler_failure_rolls_back_and_frees_the_key<H: TransactionalHar
 ) {
     let engine = engine(&*harness, mode);
     let (scope, key, tag) = (scope("tx_failure"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = proceed(
-        engine
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &guard, &tag).await;
     assert_eq!(
         guard.complete(response(500, b"oops")).await,
@@ -177,13 +180,7 @@ pub async fn tx_dropped_request_leaves_nothing<H: TransactionalHarness>(
 ) {
     let engine = engine(&*harness, mode);
     let (scope, key, tag) = (scope("tx_dropped"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = proceed(
-        engine
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &guard, &tag).await;
     drop(guard);
     let retry = proceeds_again(&engine, &scope, &key, "a", "after a dropped request").await;
@@ -212,13 +209,7 @@ pub async fn tx_duplicate_while_open_is_in_flight_then_replays<H: TransactionalH
         key(),
         uuid::Uuid::new_v4().to_string(),
     );
-    let first = proceed(
-        engine
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let first = fresh(&engine, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &first, &tag).await;
     let started = Instant::now();
     match tokio::time::timeout(
@@ -319,23 +310,11 @@ pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(h
             .with_heartbeat(false),
     );
     let (scope, key, tag) = (scope("tx_fenced"), key(), uuid::Uuid::new_v4().to_string());
-    let stale = proceed(
-        short
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let stale = fresh(&short, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &stale, &tag).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let taker = engine(&*harness, ClaimMode::Lease);
-    let current = proceed(
-        taker
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a lapsed lease is taken over",
-    );
+    let current = fresh(&taker, &scope, &key, "a", "a lapsed lease is taken over").await;
     assert_eq!(
         stale.complete(response(201, b"stale")).await,
         Completion::RolledBack(RollbackCause::LeaseLost),
@@ -367,21 +346,16 @@ pub async fn tx_one_transaction_loser_rolls_back_and_replays<H: TransactionalHar
         uuid::Uuid::new_v4().to_string(),
         uuid::Uuid::new_v4().to_string(),
     );
-    let late = proceed(
-        one_tx
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let late = fresh(&one_tx, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &late, &late_tag).await;
-    let winner = proceed(
-        lease
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
+    let winner = fresh(
+        &lease,
+        &scope,
+        &key,
+        "a",
         "the lease mode does not see the open transaction's key",
-    );
+    )
+    .await;
     write(&*harness, &winner, &winner_tag).await;
     assert_eq!(
         winner.complete(response(201, b"winner")).await,
@@ -404,13 +378,7 @@ pub async fn tx_one_transaction_loser_rolls_back_and_replays<H: TransactionalHar
         crate::cases::scope("tx_loser_mismatch"),
         crate::cases::key(),
     );
-    let late = proceed(
-        one_tx
-            .begin(scope.clone(), key.clone(), fingerprint("a"))
-            .await
-            .expect("begin"),
-        "a fresh key",
-    );
+    let late = fresh(&one_tx, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &late, &late_tag).await;
     let winner = proceed(
         lease

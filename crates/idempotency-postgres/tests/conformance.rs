@@ -8,7 +8,7 @@ mod postgres {
     use idempotency_testkit::env::server_unreachable;
     use std::sync::Arc;
 
-    async fn store(mode: TableMode) -> PostgresStore {
+    pub(super) async fn store(mode: TableMode) -> PostgresStore {
         let schema = TestSchema::new("idem_t");
         let url = schema.url();
         let store = PostgresStore::builder(url)
@@ -124,8 +124,6 @@ mod transactional {
     use idempotency_conformance::transactional::TransactionalHarness;
     use idempotency_core::{BoxError, TransactionSlot};
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
-    use idempotency_testkit::TestSchema;
-    use idempotency_testkit::env::server_unreachable;
 
     struct Harness {
         store: PostgresStore,
@@ -133,17 +131,8 @@ mod transactional {
     }
 
     async fn harness(mode: TableMode) -> Harness {
-        let schema = TestSchema::new("idem_tx");
-        let url = schema.url();
-        let store = PostgresStore::builder(url)
-            .schema(schema.name())
-            .table_mode(mode)
-            .pool_size(8)
-            .build()
-            .await
-            .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-        store.migrate().await.expect("migrate a fresh schema");
-        let side_effects = format!("\"{}\".side_effects", schema.name());
+        let store = super::postgres::store(mode).await;
+        let side_effects = format!("\"{}\".side_effects", store.schema());
         let client = store.pool().get().await.expect("a connection");
         client
             .batch_execute(&format!("CREATE TABLE {side_effects} (tag text NOT NULL)"))
