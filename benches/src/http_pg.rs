@@ -32,6 +32,10 @@ pub enum PgVariant {
     /// The handler alone, `BEGIN; INSERT; COMMIT` (tokio-postgres's `transaction()` and
     /// `commit()`: three round trips).
     BareTransaction,
+    /// No layer: the one-transaction mode's guarantees written by hand on the LOGGED key table
+    /// (`BEGIN` pipelined with a plain lookup; the task; a plain `INSERT` of the key, whose unique
+    /// violation aborts the transaction, pipelined with `COMMIT`): the SQL floor of the mode.
+    HandWritten,
     /// Behind the layer in `mode`, its `INSERT` in the request's `Tx`, keys in a `table` table.
     Layer {
         /// How the key is held.
@@ -43,9 +47,10 @@ pub enum PgVariant {
 
 impl PgVariant {
     /// Every variant the comparison runs, the reference (bare transaction) first.
-    pub const ALL: [PgVariant; 6] = [
+    pub const ALL: [PgVariant; 7] = [
         PgVariant::BareTransaction,
         PgVariant::BareAutocommit,
+        PgVariant::HandWritten,
         PgVariant::Layer {
             mode: ClaimMode::Lease,
             table: TableMode::Unlogged,
@@ -69,6 +74,7 @@ impl PgVariant {
         match self {
             PgVariant::BareAutocommit => "bare-autocommit",
             PgVariant::BareTransaction => "bare-transaction",
+            PgVariant::HandWritten => "hand-written-one-transaction",
             PgVariant::Layer {
                 mode: ClaimMode::OneTransaction,
                 table: TableMode::Logged,
@@ -95,6 +101,7 @@ impl PgVariant {
         match self {
             PgVariant::BareAutocommit => "1",
             PgVariant::BareTransaction => "3 (BEGIN, INSERT, COMMIT)",
+            PgVariant::HandWritten => "3 (BEGIN + key lookup, INSERT, key insert + COMMIT)",
             PgVariant::Layer {
                 mode: ClaimMode::OneTransaction,
                 ..
@@ -108,6 +115,7 @@ impl PgVariant {
 struct App {
     pool: Pool,
     autocommit: bool,
+    keys: String,
 }
 
 const INSERT: &str =
@@ -161,6 +169,74 @@ async fn bare(
     Ok(created(id, title))
 }
 
+/// The one-transaction mode's SQL without the library: what the mode costs at the SQL level.
+async fn hand_written(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or(StatusCode::BAD_REQUEST)?
+        .to_owned();
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let client = app
+        .pool
+        .get()
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let lookup = client
+        .prepare_cached(&format!(
+            "SELECT response FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
+    let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let insert_key = client
+        .prepare_cached(&format!(
+            "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
+    let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &key];
+    let (begun, found) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_opt(&lookup, &lookup_params)
+    );
+    begun.map_err(unavailable)?;
+    if let Some(row) = found.map_err(unavailable)? {
+        let _ = client.batch_execute("ROLLBACK").await;
+        let stored: Vec<u8> = row.get(0);
+        return Ok((
+            StatusCode::CREATED,
+            Json(serde_json::from_slice(&stored).unwrap_or_default()),
+        ));
+    }
+    let id: i64 = client
+        .query_one(&task, &[&user, &title])
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    let answer = serde_json::json!({ "id": id, "title": title });
+    let stored = serde_json::to_vec(&answer).unwrap_or_default();
+    let hash = [0u8; 33];
+    let (hash, status) = (&hash[..], 201i32);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&user, &key, &hash, &status, &stored];
+    let (inserted, committed) = tokio::join!(
+        client.execute(&insert_key, &key_params),
+        client.batch_execute("COMMIT")
+    );
+    inserted.map_err(unavailable)?;
+    committed.map_err(unavailable)?;
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
 async fn in_tx(
     tx: Tx<PgTransaction>,
     headers: HeaderMap,
@@ -181,6 +257,7 @@ async fn in_tx(
 pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, String> {
     let table = match variant {
         PgVariant::Layer { table, .. } => table,
+        PgVariant::HandWritten => TableMode::Logged,
         _ => TableMode::Unlogged,
     };
     let store = PostgresStore::builder(url)
@@ -200,8 +277,16 @@ pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, S
             Router::new().route("/tasks", post(bare)).with_state(App {
                 pool: store.pool().clone(),
                 autocommit: variant == PgVariant::BareAutocommit,
+                keys: store.table_name(),
             })
         }
+        PgVariant::HandWritten => Router::new()
+            .route("/tasks", post(hand_written))
+            .with_state(App {
+                pool: store.pool().clone(),
+                autocommit: false,
+                keys: store.table_name(),
+            }),
         PgVariant::Layer { mode, .. } => {
             fn scope(parts: &axum::http::request::Parts) -> Option<Scope> {
                 parts
@@ -335,80 +420,111 @@ async fn wal_lsn(client: &tokio_postgres::Client) -> Result<i64, String> {
     Ok(row.get(0))
 }
 
-/// Runs `rounds` interleaved rounds of every variant at each of `clients` connection counts, on
-/// the database at `url` (a pool of 32 connections per server, as the issue's measurement).
+/// One measured run of `variant`: its own server process, warmed up, then `length` of fresh
+/// keys at `connections` connections.
+async fn measure_one(
+    binary: &std::path::Path,
+    url: &str,
+    admin: &tokio_postgres::Client,
+    variant: PgVariant,
+    connections: usize,
+    length: Duration,
+) -> Result<Measured, String> {
+    let args = [
+        "serve-pg-tasks",
+        "--listen",
+        "127.0.0.1:0",
+        "--url",
+        url,
+        "--variant",
+        variant.name(),
+    ];
+    let server = ServerProcess::spawn(binary, &args).await?;
+    // Warm up: prepared statements on every connection, the pool filled.
+    let warm_up = Duration::from_millis(500);
+    round(&server, Workload::FreshKeys, connections, warm_up).await?;
+    let before = wal_lsn(admin).await?;
+    let db_before = postgres_cpu();
+    let figures = round(&server, Workload::FreshKeys, connections, length).await?;
+    let db_cpu = match (db_before, postgres_cpu()) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    let wal = (wal_lsn(admin).await? - before) as f64;
+    let requests = (figures.throughput * length.as_secs_f64()).max(1.0);
+    Ok((
+        figures,
+        wal / requests,
+        db_cpu.map(|cpu| cpu.div_f64(requests)),
+    ))
+}
+
+/// Runs `rounds` rounds at each of `clients` connection counts, on the database at `url` (a pool
+/// of 32 connections per server, as the issue's measurement). In each round every variant runs
+/// once right beside a run of the bare transaction (the first of `variants`), the order rotated
+/// and alternated; a variant's ratio is the median of its ratios to the run beside it.
 pub async fn compare(
     url: &str,
+    variants: &[PgVariant],
     clients: &[usize],
     rounds: usize,
     length: Duration,
 ) -> Result<Vec<PgRow>, String> {
+    if variants.first() != Some(&PgVariant::BareTransaction) {
+        return Err("the first variant must be bare-transaction, the reference".to_owned());
+    }
     prepare(url).await?;
     let binary = std::env::current_exe().map_err(|e| e.to_string())?;
     let admin = connect(url).await?;
     let mut rows = Vec::new();
     for &connections in clients {
-        // Per round, per variant: (round figures, WAL bytes per request, database CPU per
-        // request).
-        let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); PgVariant::ALL.len()];
+        let run =
+            |variant: PgVariant| measure_one(&binary, url, &admin, variant, connections, length);
+        // Per variant: its runs, and the bare transaction's run paired with each.
+        let mut paired: Vec<Vec<(Measured, Measured)>> = vec![Vec::new(); variants.len()];
+        let mut bare_runs: Vec<Measured> = Vec::new();
         for r in 0..rounds {
-            for i in 0..PgVariant::ALL.len() {
-                // Rotate the order each round, so no variant always runs first or last.
-                let index = (i + r) % PgVariant::ALL.len();
-                let variant = PgVariant::ALL[index];
-                let args = [
-                    "serve-pg-tasks",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--url",
-                    url,
-                    "--variant",
-                    variant.name(),
-                ];
-                let server = ServerProcess::spawn(&binary, &args).await?;
-                // Warm up: prepared statements on every connection, the pool filled.
-                round(
-                    &server,
-                    Workload::FreshKeys,
-                    connections,
-                    Duration::from_millis(500),
-                )
-                .await?;
-                let before = wal_lsn(&admin).await?;
-                let db_before = postgres_cpu();
-                let figures = round(&server, Workload::FreshKeys, connections, length).await?;
-                let db_cpu = match (db_before, postgres_cpu()) {
-                    (Some(before), Some(after)) => Some(after.saturating_sub(before)),
-                    _ => None,
+            let others = variants.len() - 1;
+            for i in 0..others {
+                // Rotate the order each round, and alternate which of a pair runs first, so no
+                // variant always runs on a warmer or colder machine than its reference.
+                let index = 1 + (i + r) % others;
+                let (bare, theirs) = if (i + r) % 2 == 0 {
+                    let bare = run(PgVariant::BareTransaction).await?;
+                    (bare, run(variants[index]).await?)
+                } else {
+                    let theirs = run(variants[index]).await?;
+                    (run(PgVariant::BareTransaction).await?, theirs)
                 };
-                let wal = (wal_lsn(&admin).await? - before) as f64;
-                let requests = (figures.throughput * length.as_secs_f64()).max(1.0);
-                let db_cpu = db_cpu.map(|cpu| cpu.div_f64(requests));
-                measured[index].push((figures, wal / requests, db_cpu));
-                drop(server);
+                bare_runs.push(bare);
+                paired[index].push((theirs, bare));
+            }
+            if others == 0 {
+                bare_runs.push(run(PgVariant::BareTransaction).await?);
             }
         }
-        let reference = &measured[0];
-        for (index, variant) in PgVariant::ALL.into_iter().enumerate() {
-            let runs = &measured[index];
-            let pick =
-                |f: &dyn Fn(&Measured) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+        paired[0] = bare_runs.iter().map(|b| (*b, *b)).collect();
+        for (index, &variant) in variants.iter().enumerate() {
+            let pairs = &paired[index];
+            let pick = |f: &dyn Fn(&Measured) -> f64| {
+                median(&mut pairs.iter().map(|(v, _)| f(v)).collect::<Vec<_>>())
+            };
             let cpu = |f: &dyn Fn(&Measured) -> Option<Duration>| {
-                let values: Option<Vec<f64>> =
-                    runs.iter().map(|r| f(r).map(|d| d.as_secs_f64())).collect();
+                let values: Option<Vec<f64>> = pairs
+                    .iter()
+                    .map(|(v, _)| f(v).map(|d| d.as_secs_f64()))
+                    .collect();
                 values.map(|mut v| Duration::from_secs_f64(median(&mut v)))
             };
             let ratio = median(
-                &mut runs
+                &mut pairs
                     .iter()
-                    .zip(reference)
                     .map(|(v, b)| v.0.throughput / b.0.throughput)
                     .collect::<Vec<_>>(),
             );
             let p99_ratio = median(
-                &mut runs
+                &mut pairs
                     .iter()
-                    .zip(reference)
                     .map(|(v, b)| v.0.p99.as_secs_f64() / b.0.p99.as_secs_f64())
                     .collect::<Vec<_>>(),
             );

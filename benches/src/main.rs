@@ -70,6 +70,13 @@ struct HttpPgArgs {
     /// Length of a round, in seconds.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// The variants to run, comma-separated (default: all); `bare-transaction`, the reference,
+    /// is always run first.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Also draw the chart (requests/s and WAL per request by handler) to this SVG file.
+    #[arg(long)]
+    chart: Option<std::path::PathBuf>,
 }
 
 /// Settings of one `serve-pg-tasks` server.
@@ -284,11 +291,42 @@ async fn http_pg(args: HttpPgArgs) -> std::process::ExitCode {
         eprintln!("http-pg: --seconds must be a positive number");
         return std::process::ExitCode::FAILURE;
     };
-    match idempotency_bench::http_pg::compare(&args.url, &args.clients, args.rounds.max(1), length)
-        .await
+    use idempotency_bench::http_pg::PgVariant;
+    let mut variants = vec![PgVariant::BareTransaction];
+    if args.variants.is_empty() {
+        variants = PgVariant::ALL.to_vec();
+    }
+    for name in &args.variants {
+        match PgVariant::parse(name) {
+            Some(PgVariant::BareTransaction) => {}
+            Some(variant) => variants.push(variant),
+            None => {
+                let names: Vec<&str> = PgVariant::ALL.iter().map(|v| v.name()).collect();
+                eprintln!(
+                    "http-pg: unknown variant {name} (one of {})",
+                    names.join(", ")
+                );
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    match idempotency_bench::http_pg::compare(
+        &args.url,
+        &variants,
+        &args.clients,
+        args.rounds.max(1),
+        length,
+    )
+    .await
     {
         Ok(rows) => {
             println!("{}", idempotency_bench::http_pg::markdown_table(&rows));
+            if let Some(path) = &args.chart
+                && let Err(e) = report::chart::draw_http_pg(path, &rows)
+            {
+                eprintln!("http-pg: the chart: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {

@@ -1,7 +1,7 @@
 //! The re-evaluation report: `probe` reads the environment, `measure` runs the workloads,
 //! `chart` draws the latency chart, and `render` writes the Markdown from the results.
 
-mod chart;
+pub(crate) mod chart;
 pub(crate) mod drivers;
 mod measure;
 mod probe;
@@ -73,6 +73,17 @@ pub(crate) struct Args {
     /// Keep-alive connections of the HTTP comparison.
     #[arg(long, default_value_t = 32)]
     http_connections: usize,
+    /// Interleaved rounds per variant of the comparison through HTTP on PostgreSQL (the
+    /// create-task handler bare and behind the layer in each claim mode and table mode); 0
+    /// skips it.
+    #[arg(long, default_value_t = 3)]
+    http_pg_rounds: usize,
+    /// Length of one round of the comparison through HTTP on PostgreSQL, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    http_pg_seconds: f64,
+    /// Client counts of the comparison through HTTP on PostgreSQL.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
+    http_pg_clients: Vec<usize>,
     /// Purge at scale: live records of the compressed churn (a day of records; the run inserts
     /// this many per compressed day).
     #[arg(long, default_value_t = 400_000)]
@@ -132,6 +143,10 @@ pub(crate) struct Results {
     pub(crate) tier_replays: Vec<TierReplay>,
     /// The layer vs the same handler without it, through HTTP (fresh keys, replays).
     pub(crate) http: Vec<HttpCompare>,
+    /// Through HTTP on PostgreSQL: each claim mode and table mode against the bare handler.
+    pub(crate) http_pg: Vec<idempotency_bench::http_pg::PgRow>,
+    /// The file name of the chart of `http_pg`, beside the report (when it was drawn).
+    pub(crate) http_pg_chart: Option<String>,
     /// Purge at scale, per table mode and autovacuum setting.
     pub(crate) purges: Vec<purge::PurgeRun>,
     pub(crate) drivers: Vec<drivers::DriverRow>,
@@ -337,6 +352,29 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     };
     progress.inc(1);
 
+    // Phase 4b: the create-task handler through HTTP on PostgreSQL, bare and in each mode.
+    let http_pg = if args.http_pg_rounds == 0 {
+        Vec::new()
+    } else {
+        progress.set_message("through HTTP on PostgreSQL");
+        let length = std::time::Duration::try_from_secs_f64(args.http_pg_seconds).map_err(err)?;
+        match idempotency_bench::http_pg::compare(
+            &servers.postgres,
+            &idempotency_bench::http_pg::PgVariant::ALL,
+            &args.http_pg_clients,
+            args.http_pg_rounds,
+            length,
+        )
+        .await
+        {
+            Ok(rows) => rows,
+            Err(why) => {
+                skipped.push(format!("through HTTP on PostgreSQL: {why}"));
+                Vec::new()
+            }
+        }
+    };
+
     // Phase 5: purge at scale, on a throwaway server of its own.
     let churn = purge::Churn {
         live_rows: args.purge_live_rows,
@@ -374,6 +412,13 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         &cells,
         &args.concurrency,
     )?;
+    let http_pg_chart = if http_pg.is_empty() {
+        None
+    } else {
+        let file = chart_file.replace("-latency.svg", "-postgres-http.svg");
+        chart::draw_http_pg(&args.out.with_file_name(&file), &http_pg)?;
+        Some(file)
+    };
     let results = Results {
         settings: Settings {
             requests: args.requests,
@@ -397,6 +442,8 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         volumes,
         tier_replays,
         http,
+        http_pg,
+        http_pg_chart,
         purges,
         drivers,
         replica_wait,

@@ -23,6 +23,8 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         volumes,
         tier_replays,
         http,
+        http_pg,
+        http_pg_chart,
         purges,
         drivers,
         replica_wait,
@@ -205,6 +207,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         )?;
     }
     http_section(w, http, settings.http_seconds)?;
+    http_pg_section(w, http_pg, http_pg_chart.as_deref())?;
     if !purges.is_empty() {
         writeln!(w, "\n## PostgreSQL: purge at scale\n")?;
         purge_section(w, purges, churn)?;
@@ -389,6 +392,33 @@ fn http_section(w: &mut String, http: &[HttpCompare], seconds: f64) -> fmt::Resu
         first.connections, first.rounds
     )?;
     w.push_str(&http::markdown_table(http));
+    Ok(())
+}
+
+/// Through HTTP on PostgreSQL: the text, the chart and the table.
+fn http_pg_section(
+    w: &mut String,
+    rows: &[idempotency_bench::http_pg::PgRow],
+    chart: Option<&str>,
+) -> fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "\n## Through HTTP on PostgreSQL: what a service sees\n\nOne create-task handler (an `INSERT` into a LOGGED \
+         table), each variant served by its own child process on a 32-connection pool, driven with fresh keys over \
+         loopback keep-alive connections; client, server and database share the machine's cores. Bare in autocommit, \
+         bare in its own transaction (the reference), the one-transaction mode's SQL written by hand without the \
+         library, and behind the layer in the lease mode and the one-transaction mode with an UNLOGGED and a LOGGED \
+         key table. Rounds interleaved with the order rotated; medians, and medians of the per-round ratios to the \
+         bare transaction. WAL is `pg_current_wal_insert_lsn()` before and after a round; CPU per request from \
+         `/proc` (the server process; all `postgres` processes).\n"
+    )?;
+    if let Some(chart) = chart {
+        writeln!(w, "![requests/s and WAL per request by mode]({chart})\n")?;
+    }
+    w.push_str(&idempotency_bench::http_pg::markdown_table(rows));
     Ok(())
 }
 

@@ -300,6 +300,49 @@ pub async fn tx_concurrent_duplicates_write_once<H: TransactionalHarness>(
     );
 }
 
+/// Invariant 5 through the transaction: a record past its retention is absent, and a new
+/// request with its key runs and stores its own response in place of it.
+pub async fn tx_expired_record_is_taken_over<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let short = Engine::new(
+        harness.store(),
+        EngineConfig::default()
+            .with_lease(LONG)
+            .with_retention(Duration::from_millis(400))
+            .with_claim_mode(mode),
+    );
+    let (scope, key, tag) = (scope("tx_expired"), key(), uuid::Uuid::new_v4().to_string());
+    let first = fresh(&short, &scope, &key, "a", "a fresh key").await;
+    write(&*harness, &first, &tag).await;
+    assert_eq!(
+        first.complete(response(201, b"first")).await,
+        Completion::Stored
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let engine = engine(&*harness, mode);
+    let second = fresh(&engine, &scope, &key, "b", "an expired record is absent").await;
+    write(&*harness, &second, &tag).await;
+    assert_eq!(
+        second.complete(response(201, b"second")).await,
+        Completion::Stored
+    );
+    match engine
+        .begin(scope, key, fingerprint("b"))
+        .await
+        .expect("begin")
+    {
+        Begin::Replay(stored) => assert_eq!(stored, response(201, b"second")),
+        other => panic!("the new record must replay, got {other:?}"),
+    }
+    assert_eq!(
+        harness.count(&tag).await,
+        2,
+        "each run committed its own write"
+    );
+}
+
 /// Lease mode: a request whose lease ran out and was taken over cannot commit; none of its
 /// writes exist, and the request that took over commits once.
 pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(harness: Arc<H>) {
@@ -432,6 +475,7 @@ macro_rules! transactional_suite {
                 tx_dropped_request_leaves_nothing
                 tx_duplicate_while_open_is_in_flight_then_replays
                 tx_concurrent_duplicates_write_once
+                tx_expired_record_is_taken_over
             );
         }
     };

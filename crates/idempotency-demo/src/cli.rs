@@ -31,10 +31,22 @@ struct Args {
     /// transaction (the default there: the demo's handlers only write tasks in it).
     #[arg(long)]
     lease_mode: bool,
+    /// On PostgreSQL, the key table's persistence: `logged` (survives a database crash with
+    /// the tasks) or `unlogged` (the ADR's choice: emptied by a database crash).
+    #[arg(long, value_name = "MODE", default_value = "logged", value_parser = table_mode)]
+    table_mode: idempotency::TableMode,
     /// On shutdown (Ctrl-C, SIGTERM), how long to wait for running requests to finish and
     /// their responses to be stored.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]
     drain_timeout: std::time::Duration,
+}
+
+fn table_mode(value: &str) -> Result<idempotency::TableMode, String> {
+    match value {
+        "logged" => Ok(idempotency::TableMode::Logged),
+        "unlogged" => Ok(idempotency::TableMode::Unlogged),
+        other => Err(format!("{other}: use logged or unlogged")),
+    }
 }
 
 fn drain_seconds(value: &str) -> Result<std::time::Duration, String> {
@@ -66,6 +78,7 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         retention: seconds("retention", args.retention)?,
         tasks_in_transaction: !args.tasks_outside_transaction,
         one_transaction: !args.lease_mode && !args.tasks_outside_transaction,
+        table_mode: args.table_mode,
     };
     let app = crate::build_app_with(&args.store, &options)
         .await

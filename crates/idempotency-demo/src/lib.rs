@@ -31,7 +31,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use idempotency::{
-    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope, Tx,
+    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope,
+    TableMode, Tx,
 };
 use serde::Deserialize;
 use std::sync::Arc;
@@ -80,6 +81,10 @@ pub struct Options {
     /// true): the demo's handlers write nothing but tasks in that transaction, so it is the
     /// fastest correct mode for them. Off, keys are claimed with a lease first.
     pub one_transaction: bool,
+    /// The key table's persistence on PostgreSQL (default [`TableMode::Logged`]: in the
+    /// one-transaction mode a key commits with its task for no extra fsync, and survives a
+    /// database crash with it; `docs/benchmarks.md` measures both).
+    pub table_mode: TableMode,
 }
 
 impl Default for Options {
@@ -89,6 +94,7 @@ impl Default for Options {
             retention: Duration::from_secs(24 * 60 * 60),
             tasks_in_transaction: true,
             one_transaction: true,
+            table_mode: TableMode::Logged,
         }
     }
 }
@@ -115,6 +121,7 @@ pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
 pub async fn build_app_with(store_url: &str, options: &Options) -> Result<App, DemoError> {
     let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
         let store = PostgresStore::builder(store_url)
+            .table_mode(options.table_mode)
             .pool_size(32)
             .transactions(options.tasks_in_transaction)
             .build()

@@ -257,9 +257,12 @@ pub(crate) struct Statements {
     /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
     /// without waiting, marks the transaction, reads the live record.
     pub(crate) keyed_begin: Sql,
-    /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record,
-    /// or fails (aborting the transaction) when the key has another live record.
-    pub(crate) keyed_complete: Sql,
+    /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
+    /// a unique violation (another request's record) or a missing mark aborts the transaction.
+    pub(crate) keyed_insert: Sql,
+    /// One-transaction mode, when the lookup saw an expired record of the key: the same, taking
+    /// that record over.
+    pub(crate) keyed_takeover: Sql,
 }
 
 const KEY: &[Type] = &[Type::TEXT, Type::TEXT];
@@ -280,11 +283,11 @@ const COMPLETE: &[Type] = &[
     Type::FLOAT8,
 ];
 const EXTEND: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID, Type::FLOAT8];
-const KEYED_COMPLETE: &[Type] = &[
+const KEYED_INSERT: &[Type] = &[
     Type::TEXT,
     Type::TEXT,
     Type::BYTEA,
-    Type::UUID,
+    Type::TIMESTAMPTZ,
     Type::INT4,
     Type::BYTEA,
     Type::FLOAT8,
@@ -438,34 +441,53 @@ impl Statements {
             ),
             // Sent right behind `BEGIN` (one round trip). The subquery runs once, whatever the
             // join finds: it tries the key's transaction-scoped advisory lock (never waiting:
-            // a held lock means a duplicate is running) and marks the transaction with `$3`.
-            // The lock id is a 64-bit hash of (scope, key) seeded per table; a collision only
-            // makes an unrelated request wait its turn. Columns: lock taken, record found, the
-            // record's columns.
+            // a held lock means a duplicate is running) and reads the transaction's start time,
+            // `now()`, which identifies the transaction for the insert at commit (a transaction
+            // the handler ended and the one that follows it never start at the same
+            // microsecond). No setting is written: a transaction-local `set_config` made every
+            // commit walk the server's settings (`AtEOXact_GUC`, seen in a profile). The lock id
+            // is a 64-bit hash of (scope, key) seeded per table; a collision only makes an
+            // unrelated request answer 409 once. Columns: lock taken, the transaction's start,
+            // whether the key has a row and whether it is live (NULL: no row; false: an expired
+            // row, to be taken over at commit), the record's columns.
             keyed_begin: Sql::new(
                 format!(
-                    "SELECT l.locked, r.user_id IS NOT NULL, {RECORD_COLUMNS} \
+                    "SELECT l.locked, l.began, r.expires_at > now(), {RECORD_COLUMNS} \
                      FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
-                                  set_config('{TX_MARK}', $3::uuid::text, true)) AS l(locked, mark) \
-                     LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2 AND r.expires_at > now()",
+                                  now()) AS l(locked, began) \
+                     LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",
                     seed = lock_seed(name),
                 ),
-                FENCED,
+                KEY,
             ),
-            // Sent with `COMMIT` right behind it (one round trip). Inserts the completed record,
-            // taking over a record whose retention or lease ran out; the mark check refuses a
-            // transaction the handler ended itself. When it inserts nothing (a live record of
-            // another request stands, or the mark is gone), the division by zero aborts the
-            // transaction, so the `COMMIT` rolls back the handler's writes. A duplicate's
-            // uncommitted row makes it wait for that transaction, then decide on its outcome.
-            keyed_complete: Sql::new(
+            // Sent with `COMMIT` right behind it (one round trip): a plain insert, the cheapest
+            // write of a row. The check of the transaction's start (`$4`, read at `BEGIN`) is a
+            // one-time filter that divides by zero in another transaction (the handler ended
+            // the request's transaction itself); a live record of another
+            // request makes the unique index refuse the row. Either error aborts the
+            // transaction, so the `COMMIT` behind it rolls back the handler's writes. A
+            // duplicate's uncommitted row makes it wait for that transaction, then decide.
+            keyed_insert: Sql::new(
+                format!(
+                    "INSERT INTO {t} (user_id, key, request_hash, status_code, response, \
+                       created_at, expires_at) \
+                     SELECT $1, $2, $3, $5, $6, statement_timestamp(), \
+                       statement_timestamp() + make_interval(secs => $7) \
+                     WHERE 1 / (now() = $4)::int = 1 \
+                     RETURNING 1"
+                ),
+                KEYED_INSERT,
+            ),
+            // The same when the lookup saw an expired row of the key: takes it over (only
+            // while it is still expired), or fails the same ways.
+            keyed_takeover: Sql::new(
                 format!(
                     "WITH done AS ( \
                        INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \
                          locked_until, status_code, response, created_at, expires_at) \
                        SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
                          statement_timestamp() + make_interval(secs => $7) \
-                       WHERE current_setting('{TX_MARK}', true) = $4::uuid::text \
+                       WHERE now() = $4 \
                        ON CONFLICT (user_id, key) DO UPDATE SET \
                          request_hash = EXCLUDED.request_hash, lease_token = NULL, \
                          locked_until = NULL, status_code = EXCLUDED.status_code, \
@@ -475,7 +497,7 @@ impl Statements {
                        RETURNING 1) \
                      SELECT 1 / count(*)::int FROM done"
                 ),
-                KEYED_COMPLETE,
+                KEYED_INSERT,
             ),
         }
     }

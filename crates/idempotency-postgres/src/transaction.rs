@@ -50,9 +50,21 @@ pub struct PgTransaction {
     scope: Scope,
     key: IdempotencyKey,
     token: LeaseToken,
-    /// In the one-transaction mode, the request's fingerprint: the completed record is inserted
-    /// with it at commit time. `None` in the lease mode, where a claim record is completed.
-    fingerprint: Option<Fingerprint>,
+    /// In the one-transaction mode, what the completion inserts. `None` in the lease mode,
+    /// where a claim record is completed.
+    keyed: Option<Keyed>,
+}
+
+/// What a one-transaction-mode transaction inserts at commit time.
+#[derive(Clone, Copy)]
+struct Keyed {
+    /// The request's fingerprint.
+    fingerprint: Fingerprint,
+    /// The lookup saw an expired row of the key: the insert takes it over.
+    takeover: bool,
+    /// The transaction's start (`now()` in it), read at `BEGIN`: the insert checks that it
+    /// still runs in that transaction.
+    began: std::time::SystemTime,
 }
 
 impl fmt::Debug for PgTransaction {
@@ -130,29 +142,46 @@ impl PgTransaction {
     /// One-transaction mode: inserts the completed record and commits, pipelined.
     async fn insert_and_commit(
         &mut self,
-        fingerprint: &Fingerprint,
+        keyed: Keyed,
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
         let client = self.client();
         let statements = &self.store.table.statements;
-        let insert = statements
-            .keyed_complete
+        let sql = if keyed.takeover {
+            &statements.keyed_takeover
+        } else {
+            &statements.keyed_insert
+        };
+        let insert = sql
             .ready(client, self.store.prepared)
             .await
             .map_err(query_error)?;
         let encoded = response.encode();
-        let hash = fingerprint.to_bytes();
+        let hash = keyed.fingerprint.to_bytes();
         let status = i32::from(response.status().as_u16());
         let retention = retention.as_secs_f64();
-        let (scope, key, token) = (self.scope.as_str(), self.key.as_str(), self.token.as_uuid());
+        let (scope, key) = (self.scope.as_str(), self.key.as_str());
         let (hash, body) = (&hash[..], &encoded[..]);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-            [&scope, &key, &hash, &token, &status, &body, &retention];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+            &scope,
+            &key,
+            &hash,
+            &keyed.began,
+            &status,
+            &body,
+            &retention,
+        ];
         let (inserted, committed) = tokio::join!(
             insert.query(client, &params),
             client.batch_execute("COMMIT")
         );
+        let refused = |error: &tokio_postgres::Error| {
+            [SqlState::DIVISION_BY_ZERO, SqlState::UNIQUE_VIOLATION]
+                .iter()
+                .find(|&code| error.code() == Some(code))
+                .cloned()
+        };
         match inserted {
             Ok(rows) if rows.len() == 1 => {
                 let committed = committed.map_err(query_error);
@@ -166,7 +195,7 @@ impl PgTransaction {
                     CorruptRecord::Field("the completion returned no row or several"),
                 ))
             }
-            Err(error) if error.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+            Err(error) if let Some(code) = refused(&error) => {
                 // Rolled back by the COMMIT behind it. Whose record stands, if any?
                 let record = statements
                     .get
@@ -176,6 +205,12 @@ impl PgTransaction {
                 self.finish();
                 match record?.first() {
                     Some(row) => record_from_row(row, 0).map(CommitOutcome::Superseded),
+                    // The unique index refused a row that is no longer live (it expired in
+                    // between): nothing was written, the retry takes it over.
+                    None if code == SqlState::UNIQUE_VIOLATION => Err(StoreError::Unavailable {
+                        backend: BACKEND,
+                        source: Box::new(error),
+                    }),
                     // Nothing stands: the mark was gone, the handler ended the transaction.
                     None => Ok(CommitOutcome::EndedByHandler),
                 }
@@ -215,10 +250,8 @@ impl StoreTransaction for PgTransaction {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
-        if let Some(fingerprint) = self.fingerprint {
-            return self
-                .insert_and_commit(&fingerprint, response, retention)
-                .await;
+        if let Some(keyed) = self.keyed {
+            return self.insert_and_commit(keyed, response, retention).await;
         }
         let client = self.client();
         // Ready (prepared) before the pipeline: the completion must go out before the COMMIT.
@@ -307,7 +340,7 @@ impl TransactionalStore for PostgresStore {
             scope: scope.clone(),
             key: key.clone(),
             token,
-            fingerprint: None,
+            keyed: None,
         };
         let client = tx.client();
         let (scope_str, key_str, token_uuid) = (scope.as_str(), key.as_str(), token.as_uuid());
@@ -352,18 +385,17 @@ impl TransactionalStore for PostgresStore {
         // From here on, dropping `tx` (an error below, a duplicate's answer, or this future
         // cancelled) rolls the connection back in the background before it returns to the pool:
         // a replay does not wait for that round trip.
-        let tx = PgTransaction {
+        let mut tx = PgTransaction {
             client: Some(client),
             store: Arc::clone(&self.inner),
             scope: scope.clone(),
             key: key.clone(),
             token,
-            fingerprint: Some(*fingerprint),
+            keyed: None,
         };
         let client = tx.client();
-        let (scope_str, key_str, token_uuid) = (scope.as_str(), key.as_str(), token.as_uuid());
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&scope_str, &key_str, &token_uuid];
+        let (scope_str, key_str) = (scope.as_str(), key.as_str());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&scope_str, &key_str];
         // One round trip: BEGIN and the read are pipelined.
         let (begun, read) =
             tokio::join!(client.batch_execute("BEGIN"), read.query(client, &params));
@@ -378,15 +410,23 @@ impl TransactionalStore for PostgresStore {
         let locked: bool = row
             .try_get(0)
             .map_err(|_| crate::table::corrupt_field("locked"))?;
-        let found: bool = row
+        let began: std::time::SystemTime = row
             .try_get(1)
-            .map_err(|_| crate::table::corrupt_field("found"))?;
-        if found {
-            return record_from_row(row, 2).map(KeyedBegin::Existing);
+            .map_err(|_| crate::table::corrupt_field("now()"))?;
+        let live: Option<bool> = row
+            .try_get(2)
+            .map_err(|_| crate::table::corrupt_field("expires_at"))?;
+        if live == Some(true) {
+            return record_from_row(row, 3).map(KeyedBegin::Existing);
         }
         if !locked {
             return Ok(KeyedBegin::Busy);
         }
+        tx.keyed = Some(Keyed {
+            fingerprint: *fingerprint,
+            takeover: live == Some(false),
+            began,
+        });
         Ok(KeyedBegin::Absent(Box::new(tx)))
     }
 }

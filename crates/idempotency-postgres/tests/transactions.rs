@@ -559,9 +559,41 @@ mod postgres {
         )*};
     }
 
+    /// One-transaction mode: a handler that ends the request's transaction itself is caught by
+    /// the check of the transaction's start at commit; nothing is stored, the key is free (no
+    /// claim exists in this mode), and the misuse is reported.
+    async fn one_transaction_handler_that_ends_the_transaction_is_caught() {
+        let f = Fixture::<PostgresStore>::new(TableMode::Logged).await;
+        let engine = f.engine(
+            EngineConfig::default().with_claim_mode(idempotency_core::ClaimMode::OneTransaction),
+        );
+        for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            write_side_effect(&guard, &f.schema).await;
+            PostgresStore::raw(guard.transaction().expect("a transaction"), end).await;
+            assert_eq!(
+                guard.complete(response(201)).await,
+                Completion::TransactionMisused,
+                "{end}"
+            );
+            assert!(
+                f.store.get(&s, &k).await.expect("get").is_none(),
+                "{end}: nothing stored"
+            );
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
     /// On tokio-postgres and deadpool (`PgTransaction`).
     mod tokio_postgres_driver {
         transaction_cases!(idempotency_postgres::PostgresStore);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn one_transaction_handler_that_ends_the_transaction_is_caught() {
+            super::one_transaction_handler_that_ends_the_transaction_is_caught().await;
+        }
     }
 
     /// On sqlx (`SqlxTransaction`).
