@@ -3,7 +3,7 @@
 use crate::error::PostgresStoreError;
 use crate::schema::TableMode;
 use crate::session::{TokioSession, check_writer};
-use crate::store::{Inner, PostgresStore};
+use crate::store::{Inner, PostgresStore, TokioDriver};
 use crate::table::TableSettings;
 use crate::tls::{self, Connector};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
@@ -177,9 +177,11 @@ impl PostgresStoreBuilder {
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 table,
-                pool,
+                driver: TokioDriver {
+                    pool,
+                    prepared: self.prepared_statements && url_prepared,
+                },
                 transactions: self.transactions,
-                prepared: self.prepared_statements && url_prepared,
             }),
         })
     }

@@ -44,8 +44,11 @@
 //! notices a table emptied by a crash), `error.rs`; `sqlx_store/` (the sqlx flavour).
 
 mod builder;
+mod driver;
 mod error;
 mod migrate;
+mod open_transaction;
+mod primitives;
 mod schema;
 mod session;
 #[cfg(feature = "sqlx")]

@@ -198,7 +198,7 @@ impl PostgresStore {
     /// instances starting at once do not collide. Fails if the existing table's persistence
     /// differs from the configured mode.
     pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
-        let mut client = self.inner.pool.get().await?;
+        let mut client = self.inner.driver.pool.get().await?;
         let tx = client.transaction().await?;
         let report = migrate_in(&mut TokioSession(&*tx), &self.inner.table).await?;
         tx.commit().await?;

@@ -136,7 +136,7 @@ impl PostgresStore {
     /// so a job someone unscheduled or changed shows). Reads only.
     pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
         let name = &self.inner.table.name;
-        let client = self.inner.pool.get().await?;
+        let client = self.inner.driver.pool.get().await?;
         let row = client
             .query_typed_one(
                 "SELECT version(), current_database(), \
@@ -223,7 +223,7 @@ impl PostgresStore {
         key: &idempotency_core::IdempotencyKey,
     ) -> Result<Option<RecordTimes>, PostgresStoreError> {
         use tokio_postgres::types::Type;
-        let client = self.inner.pool.get().await?;
+        let client = self.inner.driver.pool.get().await?;
         let row = client
             .query_typed_opt(
                 &format!(

@@ -1,28 +1,29 @@
-//! The store: its shared state, its accessors, and the six primitives.
+//! The tokio-postgres and deadpool driver: the store's pool, its accessors, and the driver
+//! interface the store's primitives and transactions are written over.
 
-use crate::error::{BACKEND, pool_error, query_error, setup_error};
+use crate::driver::{Driver, DriverError, Param, driver_row};
+use crate::error::{pool_error, query_error, setup_error};
+use crate::primitives::{StoreCore, store_on_core};
 use crate::schema::{Sql, TableMode};
 use crate::session::TokioSession;
-use crate::table::{RecordColumns, Table, corrupt_field};
 use async_trait::async_trait;
-use deadpool_postgres::Pool;
-use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse, TransactionalStore,
-};
+use deadpool_postgres::{ClientWrapper, Object, Pool};
+use idempotency_core::StoreError;
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
-/// What every clone of a store shares.
-pub(crate) struct Inner {
-    pub(crate) table: Table,
+/// The driver: the pool, and how statements are sent.
+pub(crate) struct TokioDriver {
     pub(crate) pool: Pool,
-    pub(crate) transactions: bool,
     /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
     pub(crate) prepared: bool,
 }
+
+/// What every clone of a store shares.
+pub(crate) type Inner = StoreCore<TokioDriver>;
 
 /// The PostgreSQL store. Cheap to clone; clones share the pool.
 #[derive(Clone)]
@@ -62,7 +63,7 @@ pub struct StatementsSql<'a> {
 impl PostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        &self.inner.driver.pool
     }
 
     /// The table mode.
@@ -107,192 +108,168 @@ impl PostgresStore {
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.inner.pool.get().await.map_err(pool_error)
-    }
-
-    /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
-    async fn fenced(
-        &self,
-        sql: &Sql,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<FenceOutcome, StoreError> {
-        let client = self.client().await?;
-        let rows = sql
-            .execute(&client, params, self.inner.prepared)
-            .await
-            .map_err(query_error)?;
-        Ok(FenceOutcome::from_count(rows))
+        self.inner.driver.pool.get().await.map_err(pool_error)
     }
 }
 
-pub(crate) fn record_from_row(row: &Row, offset: usize) -> Result<Record, StoreError> {
-    RecordColumns {
-        request_hash: row
-            .try_get(offset)
-            .map_err(|_| corrupt_field("request_hash"))?,
-        in_flight: row
-            .try_get(offset + 1)
-            .map_err(|_| corrupt_field("lease_token"))?,
-        remaining_ms: row
-            .try_get(offset + 2)
-            .map_err(|_| corrupt_field("locked_until"))?,
-        response: row
-            .try_get(offset + 3)
-            .map_err(|_| corrupt_field("response"))?,
-    }
-    .into_record()
+store_on_core!(PostgresStore);
+
+/// A statement's parameters as tokio-postgres takes them, without allocating.
+fn sql_params<'a>(params: &'a [Param<'_>]) -> [&'a (dyn ToSql + Sync); MAX_PARAMS] {
+    const NONE: Option<i32> = None;
+    std::array::from_fn(|i| match params.get(i) {
+        Some(Param::Text(v)) => v as &(dyn ToSql + Sync),
+        Some(Param::Bytes(v)) => v,
+        Some(Param::Uuid(v)) => v,
+        Some(Param::Int4(v)) => v,
+        Some(Param::Int8(v)) => v,
+        Some(Param::Float8(v)) => v,
+        None => &NONE,
+    })
 }
+
+/// The most parameters a store statement takes.
+const MAX_PARAMS: usize = 8;
+
+fn driver_error(e: tokio_postgres::Error) -> DriverError {
+    DriverError {
+        sqlstate: e.code().map(|code| code.code().to_owned()),
+        error: query_error(e),
+    }
+}
+
+/// A connection inside a transaction the store opened. Dropped before the transaction ended
+/// (a panic, a cancelled request, a duplicate's answer), it is rolled back in the background
+/// before it returns to the pool, or closed.
+pub(crate) struct TokioTx(Option<Object>);
+
+impl Deref for TokioTx {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        match &self.0 {
+            Some(client) => client,
+            None => unreachable!("the connection is only taken when the transaction ends"),
+        }
+    }
+}
+
+impl TokioTx {
+    /// The connection, which goes back to the pool when dropped.
+    fn end(mut self) -> Option<Object> {
+        self.0.take()
+    }
+}
+
+impl Drop for TokioTx {
+    fn drop(&mut self) {
+        let Some(client) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if client.batch_execute("ROLLBACK").await.is_err() {
+                        drop(Object::take(client));
+                    }
+                });
+            }
+            Err(_) => drop(Object::take(client)),
+        }
+    }
+}
+
+driver_row!(Row);
 
 #[async_trait]
-impl IdempotencyStore for PostgresStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
+impl Driver for TokioDriver {
+    type Row = Row;
+    type Tx = TokioTx;
+
+    async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Row>, DriverError> {
+        let client = self.pool.get().await.map_err(|e| DriverError {
+            sqlstate: None,
+            error: pool_error(e),
+        })?;
+        let refs = sql_params(params);
+        sql.query(&client, &refs[..params.len()], self.prepared)
+            .await
+            .map_err(driver_error)
     }
 
-    async fn claim(
+    async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
+        let client = self.pool.get().await.map_err(|e| DriverError {
+            sqlstate: None,
+            error: pool_error(e),
+        })?;
+        let refs = sql_params(params);
+        sql.execute(&client, &refs[..params.len()], self.prepared)
+            .await
+            .map_err(driver_error)
+    }
+
+    async fn begin_with(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let client = self.client().await?;
-        let hash = fingerprint.to_bytes();
-        let lease_secs = lease.as_secs_f64();
-        // A row inserted by a transaction that committed after this statement's snapshot was
-        // taken conflicts with our insert but is invisible to the read half, so the statement
-        // returns nothing; the next attempt sees it. Bounded, and rare outside of races.
-        for _ in 0..8 {
-            let rows = self
-                .inner
-                .table
-                .statements
-                .claim
-                .query(
-                    &client,
-                    &[
-                        &scope.as_str(),
-                        &key.as_str(),
-                        &&hash[..],
-                        &token.as_uuid(),
-                        &lease_secs,
-                    ],
-                    self.inner.prepared,
-                )
-                .await
-                .map_err(query_error)?;
-            if let Some(row) = rows.first() {
-                let claimed: bool = row.get(0);
-                return if claimed {
-                    Ok(ClaimOutcome::Claimed)
-                } else {
-                    record_from_row(row, 1).map(ClaimOutcome::Existing)
-                };
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<(TokioTx, Vec<Row>), DriverError> {
+        let client = self.pool.get().await.map_err(|e| DriverError {
+            sqlstate: None,
+            error: pool_error(e),
+        })?;
+        // Ready (prepared) before the pipeline, which must send BEGIN first.
+        let ready = sql
+            .ready(&client, self.prepared)
+            .await
+            .map_err(driver_error)?;
+        // From here on, dropping `tx` (an error below, this future cancelled) rolls the
+        // connection back before it returns to the pool.
+        let tx = TokioTx(Some(client));
+        let refs = sql_params(params);
+        // One round trip: BEGIN and the statement are pipelined.
+        let (begun, rows) = tokio::join!(
+            tx.batch_execute("BEGIN"),
+            ready.query(&tx, &refs[..params.len()])
+        );
+        begun.map_err(driver_error)?;
+        let rows = rows.map_err(driver_error)?;
+        Ok((tx, rows))
+    }
+
+    async fn commit_with(
+        &self,
+        tx: TokioTx,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> (Result<Vec<Row>, DriverError>, Result<(), DriverError>) {
+        // Ready (prepared) before the pipeline: the statement must go out before the COMMIT.
+        let ready = match sql.ready(&tx, self.prepared).await {
+            Ok(ready) => ready,
+            Err(e) => return (Err(driver_error(e)), Ok(())),
+        };
+        let refs = sql_params(params);
+        // One round trip: the statement and the COMMIT are pipelined. A failed statement
+        // aborts the transaction, so the COMMIT behind it rolls back.
+        let (rows, committed) = tokio::join!(
+            ready.query(&tx, &refs[..params.len()]),
+            tx.batch_execute("COMMIT")
+        );
+        // The transaction ended either way: the connection goes back to the pool as it is.
+        drop(tx.end());
+        (rows.map_err(driver_error), committed.map_err(driver_error))
+    }
+
+    async fn rollback(&self, tx: TokioTx) -> Result<(), DriverError> {
+        let Some(client) = tx.end() else {
+            return Ok(());
+        };
+        match client.batch_execute("ROLLBACK").await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // Closed instead: that ends the transaction on the server.
+                drop(Object::take(client));
+                Err(driver_error(error))
             }
-        }
-        Err(StoreError::Unavailable {
-            backend: BACKEND,
-            source: "the claim kept racing with concurrent claims of the same key".into(),
-        })
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        let encoded = response.encode();
-        let status = i32::from(response.status().as_u16());
-        let statement = &self.inner.table.statements.complete;
-        self.fenced(
-            statement,
-            &[
-                &scope.as_str(),
-                &key.as_str(),
-                &token.as_uuid(),
-                &status,
-                &&encoded[..],
-                &retention.as_secs_f64(),
-            ],
-        )
-        .await
-    }
-
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        lease: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        let statement = &self.inner.table.statements.extend;
-        self.fenced(
-            statement,
-            &[
-                &scope.as_str(),
-                &key.as_str(),
-                &token.as_uuid(),
-                &lease.as_secs_f64(),
-            ],
-        )
-        .await
-    }
-
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-    ) -> Result<FenceOutcome, StoreError> {
-        let statement = &self.inner.table.statements.release;
-        self.fenced(
-            statement,
-            &[&scope.as_str(), &key.as_str(), &token.as_uuid()],
-        )
-        .await
-    }
-
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let client = self.client().await?;
-        let rows = self
-            .inner
-            .table
-            .statements
-            .get
-            .query(
-                &client,
-                &[&scope.as_str(), &key.as_str()],
-                self.inner.prepared,
-            )
-            .await
-            .map_err(query_error)?;
-        rows.first().map(|row| record_from_row(row, 0)).transpose()
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.inner
-            .table
-            .statements
-            .purge
-            .execute(&client, &[&limit], self.inner.prepared)
-            .await
-            .map_err(query_error)
-    }
-
-    /// Unless turned off with [`PostgresStoreBuilder::transactions`](crate::PostgresStoreBuilder::transactions): a handler's writes and
-    /// its stored response can commit in one transaction on the store's pool (see
-    /// [`PgTransaction`](crate::PgTransaction)).
-    fn transactional(&self) -> Option<&dyn TransactionalStore> {
-        if self.inner.transactions {
-            Some(self)
-        } else {
-            None
         }
     }
 }

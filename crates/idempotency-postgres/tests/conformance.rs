@@ -71,7 +71,7 @@ mod sqlx {
     use idempotency_testkit::env::server_unreachable;
     use std::sync::Arc;
 
-    async fn store(mode: TableMode) -> SqlxPostgresStore {
+    pub(super) async fn store(mode: TableMode) -> SqlxPostgresStore {
         let schema = TestSchema::new("idem_sqlx");
         let url = schema.url();
         let mut options: PgConnectOptions = url.parse().expect("a valid URL");
@@ -179,6 +179,73 @@ mod transactional {
             lease,
             one_transaction
         );
+    }
+
+    mod logged {
+        use super::*;
+        idempotency_conformance::transactional_suite!(
+            harness(TableMode::Logged),
+            lease,
+            one_transaction
+        );
+    }
+}
+
+/// The transactional cases on sqlx (`SqlxTransaction`), in both claim modes: the same logic
+/// as tokio-postgres's, over the other driver.
+#[cfg(feature = "sqlx")]
+mod sqlx_transactional {
+    use idempotency_conformance::transactional::TransactionalHarness;
+    use idempotency_core::{BoxError, TransactionSlot};
+    use idempotency_postgres::{SqlxPostgresStore, SqlxTransaction, TableMode};
+
+    struct Harness {
+        store: SqlxPostgresStore,
+        side_effects: String,
+    }
+
+    async fn harness(mode: TableMode) -> Harness {
+        let store = super::sqlx::store(mode).await;
+        let side_effects = format!("\"{}\".side_effects", store.schema());
+        sqlx::query(&format!("CREATE TABLE {side_effects} (tag text NOT NULL)"))
+            .execute(store.pool())
+            .await
+            .expect("create the side-effects table");
+        Harness {
+            store,
+            side_effects,
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl TransactionalHarness for Harness {
+        type Store = SqlxPostgresStore;
+
+        fn store(&self) -> SqlxPostgresStore {
+            self.store.clone()
+        }
+
+        async fn write(&self, slot: &TransactionSlot, tag: &str) -> Result<(), BoxError> {
+            let mut tx = slot.open::<SqlxTransaction>().await?;
+            let sql = format!("INSERT INTO {} (tag) VALUES ($1)", self.side_effects);
+            sqlx::query(&sql).bind(tag).execute(&mut **tx).await?;
+            Ok(())
+        }
+
+        async fn count(&self, tag: &str) -> u64 {
+            let sql = format!("SELECT count(*) FROM {} WHERE tag = $1", self.side_effects);
+            let n: i64 = sqlx::query_scalar(&sql)
+                .bind(tag)
+                .fetch_one(self.store.pool())
+                .await
+                .expect("count");
+            u64::try_from(n).expect("a count is not negative")
+        }
+
+        async fn teardown(&self) {
+            self.store.pool().close().await;
+            idempotency_testkit::drop_test_schema(self.store.schema()).await;
+        }
     }
 
     mod logged {

@@ -1,7 +1,7 @@
 //! Building the sqlx store on an application's pool.
 
 use super::session::SqlxSession;
-use super::store::{SqlxInner, SqlxPostgresStore};
+use super::store::{SqlxDriver, SqlxInner, SqlxPostgresStore};
 use crate::error::PostgresStoreError;
 use crate::schema::TableMode;
 use crate::session::check_writer;
@@ -98,7 +98,7 @@ impl SqlxPostgresStoreBuilder {
         Ok(SqlxPostgresStore {
             inner: Arc::new(SqlxInner {
                 table,
-                pool: self.pool,
+                driver: SqlxDriver { pool: self.pool },
                 transactions: self.transactions,
             }),
         })

@@ -53,8 +53,3 @@ pub(crate) fn sqlx_error(e: sqlx::Error) -> StoreError {
     };
     StoreError::from_failure(BACKEND, transient, e)
 }
-
-/// Whether `e` is the database error with SQLSTATE `code`.
-pub(crate) fn has_sqlstate(e: &sqlx::Error, code: &str) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
-}

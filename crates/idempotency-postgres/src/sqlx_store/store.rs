@@ -1,29 +1,28 @@
-//! The sqlx store: its shared state, its accessors, and the six primitives, each one statement
-//! (the same text as the tokio-postgres flavour's).
+//! The sqlx driver: the store on an application's pool, its accessors, and the driver interface
+//! the store's primitives and transactions are written over (the same statements as the
+//! tokio-postgres driver's).
 
 use super::session::{SqlxSession, sqlx_error};
-use crate::error::{BACKEND, PostgresStoreError, setup_error};
+use crate::driver::{Driver, DriverError, Param, driver_row};
+use crate::error::{PostgresStoreError, setup_error};
+use crate::primitives::{StoreCore, store_on_core};
 use crate::schema::{Sql, TableMode};
 use crate::store::StatementsSql;
-use crate::table::{RecordColumns, Table, corrupt_field};
 use crate::{MigrationReport, migrate};
 use async_trait::async_trait;
-use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse, TransactionalStore,
-};
+use idempotency_core::StoreError;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgPool, Postgres, Row};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+
+/// The driver: the application's pool.
+pub(crate) struct SqlxDriver {
+    pub(crate) pool: PgPool,
+}
 
 /// What every clone of a store shares.
-pub(crate) struct SqlxInner {
-    pub(crate) table: Table,
-    pub(crate) pool: PgPool,
-    pub(crate) transactions: bool,
-}
+pub(crate) type SqlxInner = StoreCore<SqlxDriver>;
 
 /// The PostgreSQL store on an application's [`sqlx::PgPool`] (feature `sqlx`): the table,
 /// SQL, migrations, writer check and lost-state sentinel of
@@ -58,7 +57,7 @@ impl fmt::Debug for SqlxPostgresStore {
 impl SqlxPostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        &self.inner.driver.pool
     }
 
     /// The table mode.
@@ -86,7 +85,7 @@ impl SqlxPostgresStore {
     /// is installed: the migrations of [`PostgresStore::migrate`](crate::PostgresStore::migrate),
     /// by the same code, in one sqlx transaction under the same advisory lock.
     pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
-        let mut tx = self.inner.pool.begin().await?;
+        let mut tx = self.inner.driver.pool.begin().await?;
         let report = migrate::migrate_in(&mut SqlxSession(&mut tx), &self.inner.table).await?;
         tx.commit().await?;
         Ok(report)
@@ -98,7 +97,7 @@ impl SqlxPostgresStore {
     /// checks once when it is built; the pool is yours, so call this periodically (a background
     /// task every 30 s, say): one single-row `INSERT .. ON CONFLICT DO NOTHING` per call.
     pub async fn check_state(&self) -> Result<bool, StoreError> {
-        let mut connection = self.inner.pool.acquire().await.map_err(sqlx_error)?;
+        let mut connection = self.inner.driver.pool.acquire().await.map_err(sqlx_error)?;
         self.inner
             .table
             .watch
@@ -112,171 +111,94 @@ impl SqlxPostgresStore {
     pub fn state_losses(&self) -> u64 {
         self.inner.table.watch.losses.count()
     }
+}
 
-    /// `sql` as a sqlx query, prepared once per connection and cached there (sqlx's default):
-    /// after the first use, one round trip.
-    pub(crate) fn query<'q>(&self, sql: &'q Sql) -> sqlx::query::Query<'q, Postgres, PgArguments> {
-        sqlx::query(&sql.text)
-    }
+store_on_core!(SqlxPostgresStore);
 
-    /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
-    async fn fenced(
-        &self,
-        query: sqlx::query::Query<'_, Postgres, PgArguments>,
-    ) -> Result<FenceOutcome, StoreError> {
-        let done = query.execute(&self.inner.pool).await.map_err(sqlx_error)?;
-        Ok(FenceOutcome::from_count(done.rows_affected()))
+/// `sql` with `params` bound, as a sqlx query: prepared once per connection and cached there
+/// (sqlx's default), so after the first use, one round trip.
+fn bound<'q>(sql: &'q Sql, params: &[Param<'q>]) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    params
+        .iter()
+        .fold(sqlx::query(&sql.text), |query, param| match *param {
+            Param::Text(v) => query.bind(v),
+            Param::Bytes(v) => query.bind(v),
+            Param::Uuid(v) => query.bind(v),
+            Param::Int4(v) => query.bind(v),
+            Param::Int8(v) => query.bind(v),
+            Param::Float8(v) => query.bind(v),
+        })
+}
+
+fn driver_error(e: sqlx::Error) -> DriverError {
+    let sqlstate = match &e {
+        sqlx::Error::Database(db) => db.code().map(|code| code.into_owned()),
+        _ => None,
+    };
+    DriverError {
+        sqlstate,
+        error: sqlx_error(e),
     }
 }
 
-/// The record in `row`'s columns from `offset` on (see `RECORD_COLUMNS`).
-fn record_from_row(row: &PgRow, offset: usize) -> Result<Record, StoreError> {
-    RecordColumns {
-        request_hash: row
-            .try_get(offset)
-            .map_err(|_| corrupt_field("request_hash"))?,
-        in_flight: row
-            .try_get(offset + 1)
-            .map_err(|_| corrupt_field("lease_token"))?,
-        remaining_ms: row
-            .try_get(offset + 2)
-            .map_err(|_| corrupt_field("locked_until"))?,
-        response: row
-            .try_get(offset + 3)
-            .map_err(|_| corrupt_field("response"))?,
-    }
-    .into_record()
-}
+driver_row!(PgRow);
 
 #[async_trait]
-impl IdempotencyStore for SqlxPostgresStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
+impl Driver for SqlxDriver {
+    type Row = PgRow;
+    /// Dropped before it ends, a sqlx transaction is rolled back before its connection is used
+    /// again.
+    type Tx = sqlx::Transaction<'static, Postgres>;
 
-    async fn claim(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let hash = fingerprint.to_bytes();
-        let lease_secs = lease.as_secs_f64();
-        // As in the tokio-postgres flavour: a row committed after the statement's snapshot
-        // conflicts with the insert but is invisible to the read, so nothing comes back; the
-        // next attempt sees it.
-        for _ in 0..8 {
-            let row = self
-                .query(&self.inner.table.statements.claim)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(&hash[..])
-                .bind(token.as_uuid())
-                .bind(lease_secs)
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(sqlx_error)?;
-            if let Some(row) = row {
-                let claimed: bool = row.try_get(0).map_err(|_| corrupt_field("claimed"))?;
-                return if claimed {
-                    Ok(ClaimOutcome::Claimed)
-                } else {
-                    record_from_row(&row, 1).map(ClaimOutcome::Existing)
-                };
-            }
-        }
-        Err(StoreError::Unavailable {
-            backend: BACKEND,
-            source: "the claim kept racing with concurrent claims of the same key".into(),
-        })
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        let encoded = response.encode();
-        self.fenced(
-            self.query(&self.inner.table.statements.complete)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(token.as_uuid())
-                .bind(i32::from(response.status().as_u16()))
-                .bind(&encoded[..])
-                .bind(retention.as_secs_f64()),
-        )
-        .await
-    }
-
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        lease: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        self.fenced(
-            self.query(&self.inner.table.statements.extend)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(token.as_uuid())
-                .bind(lease.as_secs_f64()),
-        )
-        .await
-    }
-
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-    ) -> Result<FenceOutcome, StoreError> {
-        self.fenced(
-            self.query(&self.inner.table.statements.release)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(token.as_uuid()),
-        )
-        .await
-    }
-
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        let row = self
-            .query(&self.inner.table.statements.get)
-            .bind(scope.as_str())
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
+    async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<PgRow>, DriverError> {
+        bound(sql, params)
+            .fetch_all(&self.pool)
             .await
-            .map_err(sqlx_error)?;
-        row.map(|row| record_from_row(&row, 0)).transpose()
+            .map_err(driver_error)
     }
 
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let done = self
-            .query(&self.inner.table.statements.purge)
-            .bind(limit)
-            .execute(&self.inner.pool)
+    async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
+        let done = bound(sql, params)
+            .execute(&self.pool)
             .await
-            .map_err(sqlx_error)?;
+            .map_err(driver_error)?;
         Ok(done.rows_affected())
     }
 
-    /// Unless turned off with
-    /// [`SqlxPostgresStoreBuilder::transactions`](super::SqlxPostgresStoreBuilder::transactions):
-    /// a handler's writes and its stored response commit in one sqlx transaction (see
-    /// [`SqlxTransaction`](super::SqlxTransaction)).
-    fn transactional(&self) -> Option<&dyn TransactionalStore> {
-        if self.inner.transactions {
-            Some(self)
-        } else {
-            None
+    /// Two round trips: sqlx sends `BEGIN` on its own.
+    async fn begin_with(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<(Self::Tx, Vec<PgRow>), DriverError> {
+        let mut tx = self.pool.begin().await.map_err(driver_error)?;
+        let rows = bound(sql, params)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(driver_error)?;
+        Ok((tx, rows))
+    }
+
+    /// Two round trips: sqlx sends `COMMIT` on its own.
+    async fn commit_with(
+        &self,
+        mut tx: Self::Tx,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> (Result<Vec<PgRow>, DriverError>, Result<(), DriverError>) {
+        match bound(sql, params).fetch_all(&mut *tx).await {
+            Ok(rows) => (Ok(rows), tx.commit().await.map_err(driver_error)),
+            Err(error) => {
+                if let Err(rollback) = tx.rollback().await {
+                    // The connection is gone, and its transaction with it.
+                    tracing::debug!(error = %rollback, "could not roll back a refused statement");
+                }
+                (Err(driver_error(error)), Ok(()))
+            }
         }
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError> {
+        tx.rollback().await.map_err(driver_error)
     }
 }

@@ -1,0 +1,147 @@
+//! What the store needs of a PostgreSQL driver: run one of its statements on a pooled
+//! connection, open a transaction with a statement, finish one with a statement and `COMMIT`.
+//! The store's operations and its transactions are written once over this
+//! ([`crate::primitives`], [`crate::open_transaction`]); `store.rs` (tokio-postgres and deadpool)
+//! and `sqlx_store/` implement it.
+
+use crate::schema::Sql;
+use crate::table::{RecordColumns, corrupt_field};
+use async_trait::async_trait;
+use idempotency_core::{Record, StoreError};
+
+/// SQLSTATE of a division by zero: the store's statements divide by zero to abort a
+/// transaction whose completion is refused.
+pub(crate) const DIVISION_BY_ZERO: &str = "22012";
+/// SQLSTATE of a unique violation: the one-transaction mode's insert refused.
+pub(crate) const UNIQUE_VIOLATION: &str = "23505";
+
+/// A parameter of one of the store's statements, as every driver binds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Param<'a> {
+    /// `text`
+    Text(&'a str),
+    /// `bytea`
+    Bytes(&'a [u8]),
+    /// `uuid`
+    Uuid(uuid::Uuid),
+    /// `int4`
+    Int4(i32),
+    /// `int8`
+    Int8(i64),
+    /// `float8`
+    Float8(f64),
+}
+
+/// A driver's failure: the store error it means, and the server's SQLSTATE when the server
+/// answered with an error.
+#[derive(Debug)]
+pub(crate) struct DriverError {
+    /// The server's SQLSTATE, if the server answered.
+    pub(crate) sqlstate: Option<String>,
+    /// What the failure means to the store.
+    pub(crate) error: StoreError,
+}
+
+impl DriverError {
+    /// Whether the server answered with SQLSTATE `code`.
+    pub(crate) fn is(&self, code: &str) -> bool {
+        self.sqlstate.as_deref() == Some(code)
+    }
+}
+
+impl From<DriverError> for StoreError {
+    fn from(e: DriverError) -> Self {
+        e.error
+    }
+}
+
+/// A row as the store reads it.
+pub(crate) trait DriverRow: Send + Sync {
+    /// A `bool` column (`None` for NULL).
+    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError>;
+    /// A `bytea` column (`None` for NULL).
+    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError>;
+    /// An `int8` column.
+    fn int8(&self, i: usize) -> Result<i64, StoreError>;
+
+    /// A non-NULL `bool` column.
+    fn bool(&self, i: usize) -> Result<bool, StoreError> {
+        self.opt_bool(i)?
+            .ok_or_else(|| corrupt_field("a boolean column is NULL"))
+    }
+}
+
+/// Implements [`DriverRow`] for a driver's row type, whose `try_get(index)` (in scope where
+/// this is called) reads a column as the type asked for.
+macro_rules! driver_row {
+    ($row:ty) => {
+        impl $crate::driver::DriverRow for $row {
+            fn opt_bool(&self, i: usize) -> Result<Option<bool>, idempotency_core::StoreError> {
+                self.try_get(i)
+                    .map_err(|_| $crate::table::corrupt_field("a boolean column"))
+            }
+
+            fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, idempotency_core::StoreError> {
+                self.try_get(i)
+                    .map_err(|_| $crate::table::corrupt_field("a bytea column"))
+            }
+
+            fn int8(&self, i: usize) -> Result<i64, idempotency_core::StoreError> {
+                self.try_get(i)
+                    .map_err(|_| $crate::table::corrupt_field("a bigint column"))
+            }
+        }
+    };
+}
+
+pub(crate) use driver_row;
+
+/// The record in `row`'s columns from `offset` on (the statements' `RECORD_COLUMNS`).
+pub(crate) fn record_from_row<R: DriverRow>(row: &R, offset: usize) -> Result<Record, StoreError> {
+    RecordColumns {
+        request_hash: row
+            .opt_bytes(offset)?
+            .ok_or_else(|| corrupt_field("request_hash"))?,
+        in_flight: row.bool(offset + 1)?,
+        remaining_ms: row.int8(offset + 2)?,
+        response: row.opt_bytes(offset + 3)?.map(<[u8]>::to_vec),
+    }
+    .into_record()
+}
+
+/// A PostgreSQL driver under the store.
+#[async_trait]
+pub(crate) trait Driver: Send + Sync + 'static {
+    /// A row of a result.
+    type Row: DriverRow;
+    /// A connection inside a transaction the store opened. Dropped before it ended, it rolls
+    /// back before its connection is used again.
+    type Tx: Send + Sync + 'static;
+
+    /// Runs `sql` on a pooled connection (one round trip once prepared there).
+    async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Self::Row>, DriverError>;
+
+    /// Runs `sql` on a pooled connection; the number of rows it changed.
+    async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError>;
+
+    /// Begins a transaction on a pooled connection and runs `sql` first in it (pipelined with
+    /// `BEGIN` where the driver can: one round trip).
+    async fn begin_with(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<(Self::Tx, Vec<Self::Row>), DriverError>;
+
+    /// Runs `sql` in `tx`, then `COMMIT` (pipelined where the driver can: one round trip). A
+    /// failed statement aborts the transaction, so nothing commits. The statement's result,
+    /// then the commit's.
+    async fn commit_with(
+        &self,
+        tx: Self::Tx,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> (Result<Vec<Self::Row>, DriverError>, Result<(), DriverError>);
+
+    /// Rolls `tx` back and returns its connection to the pool (or closes it when it cannot).
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError>;
+}

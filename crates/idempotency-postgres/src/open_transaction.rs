@@ -1,0 +1,365 @@
+//! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
+//! check of the claim) or in the one-transaction mode (the key's lookup and lock), and
+//! committing it with the stored response. `PgTransaction` and `SqlxTransaction` are this with
+//! their driver's handle.
+
+use crate::driver::{
+    DIVISION_BY_ZERO, Driver, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
+};
+use crate::error::BACKEND;
+use crate::primitives::StoreCore;
+use idempotency_core::{
+    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope,
+    StoreError, StoredResponse,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a one-transaction-mode transaction inserts at commit time.
+#[derive(Clone, Copy, Debug)]
+struct Keyed {
+    /// The request's fingerprint.
+    fingerprint: Fingerprint,
+    /// The lookup saw an expired row of the key: the insert takes it over.
+    takeover: bool,
+    /// The transaction's start, in microseconds since the epoch, read with the lookup: the
+    /// insert checks that it still runs in that transaction.
+    began_us: i64,
+}
+
+/// A transaction the store opened for one request.
+pub(crate) struct OpenTransaction<D: Driver> {
+    /// The connection inside the transaction; taken when the transaction ends.
+    tx: Option<D::Tx>,
+    core: Arc<StoreCore<D>>,
+    scope: Scope,
+    key: IdempotencyKey,
+    token: LeaseToken,
+    /// In the one-transaction mode, what the completion inserts; `None` in the lease mode,
+    /// where the claim's record is completed.
+    keyed: Option<Keyed>,
+}
+
+/// What [`StoreCore::begin_keyed`] found (the driver-generic `KeyedBegin`).
+pub(crate) enum Begun<D: Driver> {
+    Absent(OpenTransaction<D>),
+    Existing(Record),
+    Busy,
+}
+
+impl<D: Driver> OpenTransaction<D> {
+    /// The driver's connection inside the transaction.
+    pub(crate) fn handle(&self) -> &D::Tx {
+        match &self.tx {
+            Some(tx) => tx,
+            None => unreachable!("the connection is only taken when the transaction is consumed"),
+        }
+    }
+
+    /// The driver's connection inside the transaction, mutably.
+    pub(crate) fn handle_mut(&mut self) -> &mut D::Tx {
+        match &mut self.tx {
+            Some(tx) => tx,
+            None => unreachable!("the connection is only taken when the transaction is consumed"),
+        }
+    }
+
+    /// The table's qualified name (for `Debug`).
+    pub(crate) fn table(&self) -> String {
+        self.core.table.name.qualified()
+    }
+
+    /// Whether the transaction is still open (for `Debug`).
+    pub(crate) fn is_open(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    fn take(&mut self) -> Result<D::Tx, StoreError> {
+        self.tx.take().ok_or_else(|| {
+            StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field("the transaction was already consumed"),
+            )
+        })
+    }
+
+    /// Rolls the transaction back.
+    pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
+        match self.tx.take() {
+            Some(tx) => Ok(self.core.driver.rollback(tx).await?),
+            None => Ok(()),
+        }
+    }
+
+    /// Stores `response` in the transaction and commits it (see
+    /// [`StoreTransaction::complete_and_commit`](idempotency_core::StoreTransaction::complete_and_commit)).
+    pub(crate) async fn complete_and_commit(
+        &mut self,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError> {
+        match self.keyed {
+            Some(keyed) => self.insert_and_commit(keyed, response, retention).await,
+            None => self.update_and_commit(response, retention).await,
+        }
+    }
+
+    /// Lease mode: completes the claim's record (fenced by token, lease and mark) and commits.
+    async fn update_and_commit(
+        &mut self,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError> {
+        let tx = self.take()?;
+        let encoded = response.encode();
+        let params = [
+            Param::Text(self.scope.as_str()),
+            Param::Text(self.key.as_str()),
+            Param::Uuid(self.token.as_uuid()),
+            Param::Int4(i32::from(response.status().as_u16())),
+            Param::Bytes(&encoded[..]),
+            Param::Float8(retention.as_secs_f64()),
+        ];
+        let statements = &self.core.table.statements;
+        let (completed, committed) = self
+            .core
+            .driver
+            .commit_with(tx, &statements.tx_complete, &params)
+            .await;
+        match completed {
+            Ok(rows) if rows.len() == 1 => committed
+                .map(|()| CommitOutcome::Committed)
+                .map_err(StoreError::from),
+            Ok(rows) => Err(StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field(if rows.is_empty() {
+                    "the completion returned no row"
+                } else {
+                    "the completion returned several rows"
+                }),
+            )),
+            // Refused: does the token still hold a live claim (then the handler ended the
+            // store's transaction) or not (the lease was lost)?
+            Err(error) if error.is(DIVISION_BY_ZERO) => {
+                let rows = self
+                    .core
+                    .driver
+                    .query(&statements.tx_diagnose, &params[..3])
+                    .await?;
+                let still_ours = match rows.first() {
+                    Some(row) => row.opt_bool(0)? == Some(true),
+                    None => false,
+                };
+                Ok(if still_ours {
+                    CommitOutcome::EndedByHandler
+                } else {
+                    CommitOutcome::LeaseLost
+                })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// One-transaction mode: inserts the completed record and commits.
+    async fn insert_and_commit(
+        &mut self,
+        keyed: Keyed,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError> {
+        let tx = self.take()?;
+        let statements = &self.core.table.statements;
+        let sql = if keyed.takeover {
+            &statements.keyed_takeover
+        } else {
+            &statements.keyed_insert
+        };
+        let encoded = response.encode();
+        let hash = keyed.fingerprint.to_bytes();
+        let params = [
+            Param::Text(self.scope.as_str()),
+            Param::Text(self.key.as_str()),
+            Param::Bytes(&hash[..]),
+            Param::Int8(keyed.began_us),
+            Param::Int4(i32::from(response.status().as_u16())),
+            Param::Bytes(&encoded[..]),
+            Param::Float8(retention.as_secs_f64()),
+        ];
+        let (inserted, committed) = self.core.driver.commit_with(tx, sql, &params).await;
+        match inserted {
+            Ok(rows) if rows.len() == 1 => committed
+                .map(|()| CommitOutcome::Committed)
+                .map_err(StoreError::from),
+            Ok(_) => Err(StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field("the completion returned no row or several"),
+            )),
+            // Refused, and rolled back. Whose record stands, if any?
+            Err(error) if error.is(DIVISION_BY_ZERO) || error.is(UNIQUE_VIOLATION) => {
+                match self.core.get(&self.scope, &self.key).await? {
+                    Some(record) => Ok(CommitOutcome::Superseded(record)),
+                    // The unique index refused a row that is no longer live (it expired in
+                    // between): nothing was written, the retry takes it over.
+                    None if error.is(UNIQUE_VIOLATION) => Err(error.into()),
+                    // Nothing stands: the check of the transaction failed, so the handler
+                    // ended the transaction itself.
+                    None => Ok(CommitOutcome::EndedByHandler),
+                }
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+impl<D: Driver> StoreCore<D> {
+    /// Lease mode: begins a transaction and checks, inside it, that `token` still holds a live
+    /// claim on `(scope, key)`; `None` (nothing left open) when it does not.
+    pub(crate) async fn begin_transaction(
+        self: &Arc<Self>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<Option<OpenTransaction<D>>, StoreError> {
+        let params = [
+            Param::Text(scope.as_str()),
+            Param::Text(key.as_str()),
+            Param::Uuid(token.as_uuid()),
+        ];
+        let (tx, rows) = self
+            .driver
+            .begin_with(&self.table.statements.tx_check, &params)
+            .await?;
+        if rows.is_empty() {
+            tracing::debug!(
+                backend = BACKEND,
+                "the claim was lost before its transaction opened"
+            );
+            self.driver.rollback(tx).await?;
+            return Ok(None);
+        }
+        Ok(Some(OpenTransaction {
+            tx: Some(tx),
+            core: Arc::clone(self),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            keyed: None,
+        }))
+    }
+
+    /// One-transaction mode (see
+    /// [`TransactionalStore::begin_keyed`](idempotency_core::TransactionalStore::begin_keyed)).
+    /// A transaction that is not handed out ends when it is dropped: the answer to a duplicate
+    /// does not wait for its `ROLLBACK`.
+    pub(crate) async fn begin_keyed(
+        self: &Arc<Self>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+    ) -> Result<Begun<D>, StoreError> {
+        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        let (tx, rows) = self
+            .driver
+            .begin_with(&self.table.statements.keyed_begin, &params)
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field("the key's lookup returned no row"),
+            ));
+        };
+        let locked = row.bool(0)?;
+        let began_us = row.int8(1)?;
+        let live = row.opt_bool(2)?;
+        if live == Some(true) {
+            return record_from_row(row, 3).map(Begun::Existing);
+        }
+        if !locked {
+            return Ok(Begun::Busy);
+        }
+        Ok(Begun::Absent(OpenTransaction {
+            tx: Some(tx),
+            core: Arc::clone(self),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            keyed: Some(Keyed {
+                fingerprint: *fingerprint,
+                takeover: live == Some(false),
+                began_us,
+            }),
+        }))
+    }
+}
+
+/// Implements `StoreTransaction` for `$tx`, a newtype over `OpenTransaction`, and
+/// `TransactionalStore` for `$store`, whose `inner` is an `Arc<StoreCore<_>>`, handing out
+/// `$tx`.
+macro_rules! transactions_on_core {
+    ($store:ty, $tx:ident) => {
+        #[async_trait::async_trait]
+        impl idempotency_core::StoreTransaction for $tx {
+            async fn complete_and_commit(
+                mut self: Box<Self>,
+                response: &idempotency_core::StoredResponse,
+                retention: std::time::Duration,
+            ) -> Result<idempotency_core::CommitOutcome, idempotency_core::StoreError> {
+                self.0.complete_and_commit(response, retention).await
+            }
+
+            async fn rollback(mut self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
+                self.0.rollback().await
+            }
+
+            fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+                self
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl idempotency_core::TransactionalStore for $store {
+            async fn begin_transaction(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                token: idempotency_core::LeaseToken,
+            ) -> Result<
+                Option<Box<dyn idempotency_core::StoreTransaction>>,
+                idempotency_core::StoreError,
+            > {
+                let open = self.inner.begin_transaction(scope, key, token).await?;
+                Ok(open.map(|tx| Box::new($tx(tx)) as Box<dyn idempotency_core::StoreTransaction>))
+            }
+
+            fn supports_one_transaction(&self) -> bool {
+                self.inner.transactions
+            }
+
+            async fn begin_keyed(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                fingerprint: &idempotency_core::Fingerprint,
+                token: idempotency_core::LeaseToken,
+            ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
+                use $crate::open_transaction::Begun;
+                Ok(
+                    match self
+                        .inner
+                        .begin_keyed(scope, key, fingerprint, token)
+                        .await?
+                    {
+                        Begun::Absent(tx) => {
+                            idempotency_core::KeyedBegin::Absent(Box::new($tx(tx)))
+                        }
+                        Begun::Existing(record) => idempotency_core::KeyedBegin::Existing(record),
+                        Begun::Busy => idempotency_core::KeyedBegin::Busy,
+                    },
+                )
+            }
+        }
+    };
+}
+
+pub(crate) use transactions_on_core;

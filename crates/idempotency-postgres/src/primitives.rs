@@ -1,0 +1,232 @@
+//! The store's six primitives, written once over a [`Driver`]: what every clone of a store
+//! shares ([`StoreCore`]) and each operation as one of the table's statements.
+
+use crate::driver::{Driver, DriverRow, Param, record_from_row};
+use crate::error::BACKEND;
+use crate::schema::Sql;
+use crate::table::Table;
+use idempotency_core::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope, StoreError,
+    StoredResponse,
+};
+use std::time::Duration;
+
+/// What every clone of a store shares, whatever its driver.
+pub(crate) struct StoreCore<D> {
+    pub(crate) table: Table,
+    pub(crate) driver: D,
+    /// Whether the store offers the request's transaction.
+    pub(crate) transactions: bool,
+}
+
+impl<D: Driver> StoreCore<D> {
+    /// Runs one fenced statement (complete, extend, release): applied when it changed the row.
+    async fn fenced(&self, sql: &Sql, params: &[Param<'_>]) -> Result<FenceOutcome, StoreError> {
+        let changed = self.driver.execute(sql, params).await?;
+        Ok(FenceOutcome::from_count(changed))
+    }
+
+    /// See [`IdempotencyStore::claim`](idempotency_core::IdempotencyStore::claim).
+    pub(crate) async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let hash = fingerprint.to_bytes();
+        let params = [
+            Param::Text(scope.as_str()),
+            Param::Text(key.as_str()),
+            Param::Bytes(&hash[..]),
+            Param::Uuid(token.as_uuid()),
+            Param::Float8(lease.as_secs_f64()),
+        ];
+        // A row inserted by a transaction that committed after this statement's snapshot was
+        // taken conflicts with our insert but is invisible to the read half, so the statement
+        // returns nothing; the next attempt sees it. Bounded, and rare outside of races.
+        for _ in 0..8 {
+            let rows = self
+                .driver
+                .query(&self.table.statements.claim, &params)
+                .await?;
+            if let Some(row) = rows.first() {
+                return if row.bool(0)? {
+                    Ok(ClaimOutcome::Claimed)
+                } else {
+                    record_from_row(row, 1).map(ClaimOutcome::Existing)
+                };
+            }
+        }
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: "the claim kept racing with concurrent claims of the same key".into(),
+        })
+    }
+
+    /// See [`IdempotencyStore::complete`](idempotency_core::IdempotencyStore::complete).
+    pub(crate) async fn complete(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        let encoded = response.encode();
+        self.fenced(
+            &self.table.statements.complete,
+            &[
+                Param::Text(scope.as_str()),
+                Param::Text(key.as_str()),
+                Param::Uuid(token.as_uuid()),
+                Param::Int4(i32::from(response.status().as_u16())),
+                Param::Bytes(&encoded[..]),
+                Param::Float8(retention.as_secs_f64()),
+            ],
+        )
+        .await
+    }
+
+    /// See [`IdempotencyStore::extend`](idempotency_core::IdempotencyStore::extend).
+    pub(crate) async fn extend(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        lease: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        self.fenced(
+            &self.table.statements.extend,
+            &[
+                Param::Text(scope.as_str()),
+                Param::Text(key.as_str()),
+                Param::Uuid(token.as_uuid()),
+                Param::Float8(lease.as_secs_f64()),
+            ],
+        )
+        .await
+    }
+
+    /// See [`IdempotencyStore::release`](idempotency_core::IdempotencyStore::release).
+    pub(crate) async fn release(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        self.fenced(
+            &self.table.statements.release,
+            &[
+                Param::Text(scope.as_str()),
+                Param::Text(key.as_str()),
+                Param::Uuid(token.as_uuid()),
+            ],
+        )
+        .await
+    }
+
+    /// See [`IdempotencyStore::get`](idempotency_core::IdempotencyStore::get).
+    pub(crate) async fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Record>, StoreError> {
+        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        let rows = self
+            .driver
+            .query(&self.table.statements.get, &params)
+            .await?;
+        rows.first().map(|row| record_from_row(row, 0)).transpose()
+    }
+
+    /// See [`IdempotencyStore::purge_expired`](idempotency_core::IdempotencyStore::purge_expired).
+    pub(crate) async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let purged = self
+            .driver
+            .execute(&self.table.statements.purge, &[Param::Int8(limit)])
+            .await?;
+        Ok(purged)
+    }
+}
+
+/// Implements `IdempotencyStore` for a store type whose `inner` is an `Arc<StoreCore<_>>`: each
+/// primitive is the core's, and `transactional()` offers the store itself when transactions are
+/// on.
+macro_rules! store_on_core {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl idempotency_core::IdempotencyStore for $store {
+            fn backend(&self) -> &'static str {
+                $crate::error::BACKEND
+            }
+            async fn claim(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                fingerprint: &idempotency_core::Fingerprint,
+                token: idempotency_core::LeaseToken,
+                lease: std::time::Duration,
+            ) -> Result<idempotency_core::ClaimOutcome, idempotency_core::StoreError> {
+                self.inner
+                    .claim(scope, key, fingerprint, token, lease)
+                    .await
+            }
+            async fn complete(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                token: idempotency_core::LeaseToken,
+                response: &idempotency_core::StoredResponse,
+                retention: std::time::Duration,
+            ) -> Result<idempotency_core::FenceOutcome, idempotency_core::StoreError> {
+                self.inner
+                    .complete(scope, key, token, response, retention)
+                    .await
+            }
+            async fn extend(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                token: idempotency_core::LeaseToken,
+                lease: std::time::Duration,
+            ) -> Result<idempotency_core::FenceOutcome, idempotency_core::StoreError> {
+                self.inner.extend(scope, key, token, lease).await
+            }
+            async fn release(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                token: idempotency_core::LeaseToken,
+            ) -> Result<idempotency_core::FenceOutcome, idempotency_core::StoreError> {
+                self.inner.release(scope, key, token).await
+            }
+            async fn get(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+            ) -> Result<Option<idempotency_core::Record>, idempotency_core::StoreError> {
+                self.inner.get(scope, key).await
+            }
+            async fn purge_expired(
+                &self,
+                limit: usize,
+            ) -> Result<u64, idempotency_core::StoreError> {
+                self.inner.purge_expired(limit).await
+            }
+            /// Unless turned off with the builder's `transactions(false)`: a handler's writes
+            /// and its stored response can commit in one transaction on the store's pool.
+            fn transactional(&self) -> Option<&dyn idempotency_core::TransactionalStore> {
+                if self.inner.transactions {
+                    Some(self)
+                } else {
+                    None
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use store_on_core;
