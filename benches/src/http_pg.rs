@@ -328,11 +328,8 @@ pub async fn cleanup(url: &str) -> Result<(), String> {
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(err)?;
-    tokio::spawn(connection);
-    Ok(client)
+    // The store's own connector: the URL's `sslmode` and `sslrootcert` as the store reads them.
+    idempotency::postgres::connect_raw(url).await.map_err(err)
 }
 
 /// Serves `variant` on `listen` and prints `listening on <addr>` once bound.

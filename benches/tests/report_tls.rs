@@ -37,6 +37,14 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
             "5",
         ])
         .args(["--http-rounds", "1", "--http-seconds", "0.5"])
+        .args([
+            "--http-pg-rounds",
+            "1",
+            "--http-pg-seconds",
+            "0.3",
+            "--http-pg-clients",
+            "2",
+        ])
         // Purge at scale, tiny: 2400 rows, one compressed day of 50 ms hours.
         .args([
             "--purge-live-rows",
@@ -66,6 +74,11 @@ fn the_report_runs_against_tls_only_postgres_and_redis() {
         assert!(text.contains(row), "missing {row:?} in:\n{text}");
     }
     assert!(text.contains("| postgres_unlogged |") && text.contains("library / raw"));
+    assert!(
+        text.contains("## Through HTTP on PostgreSQL")
+            && text.contains("| 2 | one-transaction-logged |"),
+        "the PostgreSQL HTTP section is missing:\n{text}"
+    );
     assert!(
         text.contains("## PostgreSQL: purge at scale") && text.contains("| unlogged | defaults |"),
         "missing the purge figures in:\n{text}"

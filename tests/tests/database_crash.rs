@@ -87,7 +87,7 @@ async fn crash_under_load(table_mode: TableMode) -> (i64, usize, usize) {
     let pg = TempPostgres::start(&[]).unwrap();
     let url = pg.url("postgres");
     let options = Options {
-        table_mode,
+        table_mode: Some(table_mode),
         ..Options::default()
     };
     let app = idempotency_demo::build_app_with(&url, &options)

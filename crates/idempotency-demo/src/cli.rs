@@ -32,9 +32,10 @@ struct Args {
     #[arg(long)]
     lease_mode: bool,
     /// On PostgreSQL, the key table's persistence: `logged` (survives a database crash with
-    /// the tasks) or `unlogged` (the ADR's choice: emptied by a database crash).
-    #[arg(long, value_name = "MODE", default_value = "logged", value_parser = table_mode)]
-    table_mode: idempotency::TableMode,
+    /// the tasks) or `unlogged` (the ADR's choice: emptied by a database crash). Default: a new
+    /// table is LOGGED, an existing one keeps its mode.
+    #[arg(long, value_name = "MODE", value_parser = table_mode)]
+    table_mode: Option<idempotency::TableMode>,
     /// On shutdown (Ctrl-C, SIGTERM), how long to wait for running requests to finish and
     /// their responses to be stored.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]

@@ -81,10 +81,12 @@ pub struct Options {
     /// true): the demo's handlers write nothing but tasks in that transaction, so it is the
     /// fastest correct mode for them. Off, keys are claimed with a lease first.
     pub one_transaction: bool,
-    /// The key table's persistence on PostgreSQL (default [`TableMode::Logged`]: in the
-    /// one-transaction mode a key commits with its task for no extra fsync, and survives a
-    /// database crash with it; `docs/benchmarks.md` measures both).
-    pub table_mode: TableMode,
+    /// The key table's persistence on PostgreSQL. `None` (the default): a new table is
+    /// [`TableMode::Logged`] (in the one-transaction mode a key commits with its task for no
+    /// extra fsync, and survives a database crash with it; `docs/benchmarks.md` measures both),
+    /// and an existing table keeps its mode (an UNLOGGED one made by an earlier version is used
+    /// as it is, with a warning saying how to switch it).
+    pub table_mode: Option<TableMode>,
 }
 
 impl Default for Options {
@@ -94,7 +96,7 @@ impl Default for Options {
             retention: Duration::from_secs(24 * 60 * 60),
             tasks_in_transaction: true,
             one_transaction: true,
-            table_mode: TableMode::Logged,
+            table_mode: None,
         }
     }
 }
@@ -120,23 +122,48 @@ pub async fn build_app(store_url: &str) -> Result<Router, DemoError> {
 /// [`build_app`] with `options`, and the handle its shutdown waits on.
 pub async fn build_app_with(store_url: &str, options: &Options) -> Result<App, DemoError> {
     let (store, tasks): (Arc<dyn IdempotencyStore>, _) = if store_url.starts_with("postgres") {
-        let store = PostgresStore::builder(store_url)
-            .table_mode(options.table_mode)
-            .pool_size(32)
-            .transactions(options.tasks_in_transaction)
-            .build()
-            .await
-            .map_err(idempotency::ConnectError::from)?;
-        store
-            .migrate()
-            .await
-            .map_err(idempotency::ConnectError::from)?;
+        let store = postgres_store(store_url, options).await?;
         let tasks = TaskStore::postgres(store.pool().clone()).await?;
         (Arc::new(store), tasks)
     } else {
         (idempotency::connect(store_url).await?, TaskStore::memory())
     };
     Ok(router_with(store, tasks, options))
+}
+
+/// The PostgreSQL store of `options`, migrated.
+async fn postgres_store(url: &str, options: &Options) -> Result<PostgresStore, DemoError> {
+    let build = |mode: TableMode| {
+        PostgresStore::builder(url)
+            .table_mode(mode)
+            .pool_size(32)
+            .transactions(options.tasks_in_transaction)
+            .build()
+    };
+    let store = build(options.table_mode.unwrap_or(TableMode::Logged))
+        .await
+        .map_err(idempotency::ConnectError::from)?;
+    match store.migrate().await {
+        Ok(_) => Ok(store),
+        Err(idempotency::postgres::PostgresStoreError::TableModeMismatch {
+            table, found, ..
+        }) if options.table_mode.is_none() && found == "UNLOGGED" => {
+            tracing::warn!(
+                %table,
+                "the key table is UNLOGGED (made by an earlier version): kept as it is, so a \
+                 database crash loses its keys; `ALTER TABLE {table} SET LOGGED` makes it durable"
+            );
+            let store = build(TableMode::Unlogged)
+                .await
+                .map_err(idempotency::ConnectError::from)?;
+            store
+                .migrate()
+                .await
+                .map_err(idempotency::ConnectError::from)?;
+            Ok(store)
+        }
+        Err(error) => Err(idempotency::ConnectError::from(error).into()),
+    }
 }
 
 /// The app on a given idempotency store and task storage.
