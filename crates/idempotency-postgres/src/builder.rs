@@ -38,6 +38,8 @@ impl fmt::Debug for PostgresStoreBuilder {
 }
 
 impl PostgresStoreBuilder {
+    crate::table::table_setters!();
+
     fn new(source: Source) -> Self {
         PostgresStoreBuilder {
             source,
@@ -68,24 +70,6 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The schema of the table (default `public`). Letters, digits and underscores.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.table.schema = schema.into();
-        self
-    }
-
-    /// The table name (default `idempotency_keys`). Letters, digits and underscores.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table.table = table.into();
-        self
-    }
-
-    /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
-    pub fn table_mode(mut self, mode: TableMode) -> Self {
-        self.table.mode = mode;
-        self
-    }
-
     /// Connections in the pool built from a URL (default 16). Size it by the database server's
     /// cores, not by your request concurrency: about 2-4 connections per core, shared by any
     /// number of concurrent requests. On a 2-core server, 64 concurrent clients did best on 8
@@ -99,13 +83,6 @@ impl PostgresStoreBuilder {
     /// Bound on connecting and on waiting for a pooled connection (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
-        self
-    }
-
-    /// The pg_cron schedule [`PostgresStore::migrate`] gives the purge job (default hourly,
-    /// `0 * * * *`).
-    pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
-        self.table.purge_schedule = schedule.into();
         self
     }
 

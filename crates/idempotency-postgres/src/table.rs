@@ -58,6 +58,39 @@ impl TableSettings {
     }
 }
 
+/// The builder methods that name and shape the table, the same on both drivers' builders
+/// (each has a `table: TableSettings` field); called inside their `impl` blocks.
+macro_rules! table_setters {
+    () => {
+        /// The schema of the table (default `public`). Letters, digits and underscores.
+        pub fn schema(mut self, schema: impl Into<String>) -> Self {
+            self.table.schema = schema.into();
+            self
+        }
+
+        /// The table name (default `idempotency_keys`). Letters, digits and underscores.
+        pub fn table(mut self, table: impl Into<String>) -> Self {
+            self.table.table = table.into();
+            self
+        }
+
+        /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
+        pub fn table_mode(mut self, mode: $crate::TableMode) -> Self {
+            self.table.mode = mode;
+            self
+        }
+
+        /// The pg_cron schedule the store's `migrate()` gives the purge job (default hourly,
+        /// `0 * * * *`).
+        pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
+            self.table.purge_schedule = schedule.into();
+            self
+        }
+    };
+}
+
+pub(crate) use table_setters;
+
 /// A pg_cron schedule goes into a dollar-quoted block of the migration: refuse what could end it.
 fn validate_schedule(schedule: &str) -> Result<(), PostgresStoreError> {
     if schedule.is_empty()

@@ -3,7 +3,6 @@
 use super::session::SqlxSession;
 use super::store::{SqlxDriver, SqlxInner, SqlxPostgresStore};
 use crate::error::PostgresStoreError;
-use crate::schema::TableMode;
 use crate::session::check_writer;
 use crate::table::TableSettings;
 use sqlx::PgPool;
@@ -27,7 +26,7 @@ impl fmt::Debug for SqlxPostgresStoreBuilder {
 
 impl SqlxPostgresStore {
     /// A builder for a store on `pool`. The pool's settings are the application's: its size,
-    /// timeouts, TLS, and (for [`TableMode::LoggedAsyncCommit`]) `synchronous_commit = off` on
+    /// timeouts, TLS, and (for [`TableMode::LoggedAsyncCommit`](crate::TableMode::LoggedAsyncCommit)) `synchronous_commit = off` on
     /// its connections (`PgConnectOptions::options([("synchronous_commit", "off")])`).
     ///
     /// The store's statements are cached on each connection, as sqlx caches the app's own.
@@ -44,30 +43,7 @@ impl SqlxPostgresStore {
 }
 
 impl SqlxPostgresStoreBuilder {
-    /// The schema of the table (default `public`). Letters, digits and underscores.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.table.schema = schema.into();
-        self
-    }
-
-    /// The table name (default `idempotency_keys`). Letters, digits and underscores.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table.table = table.into();
-        self
-    }
-
-    /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
-    pub fn table_mode(mut self, mode: TableMode) -> Self {
-        self.table.mode = mode;
-        self
-    }
-
-    /// The pg_cron schedule [`SqlxPostgresStore::migrate`] gives the purge job (default hourly,
-    /// `0 * * * *`).
-    pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
-        self.table.purge_schedule = schedule.into();
-        self
-    }
+    crate::table::table_setters!();
 
     /// Whether handlers are offered a transaction in which their writes commit together with
     /// the stored response ([`SqlxTransaction`](super::SqlxTransaction); default true). Off,
@@ -83,7 +59,7 @@ impl SqlxPostgresStoreBuilder {
         self.table.migration_sql()
     }
 
-    /// Checks that the server is a writer and, for [`TableMode::LoggedAsyncCommit`], that the
+    /// Checks that the server is a writer and, for [`TableMode::LoggedAsyncCommit`](crate::TableMode::LoggedAsyncCommit), that the
     /// pool's commits are asynchronous; then checks the state sentinel once (a table emptied
     /// since it was migrated counts as a loss).
     pub async fn build(self) -> Result<SqlxPostgresStore, PostgresStoreError> {
