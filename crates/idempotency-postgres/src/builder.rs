@@ -89,7 +89,7 @@ impl PostgresStoreBuilder {
     /// The SQL [`PostgresStore::migrate`] would apply, for teams that run their own migration
     /// tool. It does not connect.
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
-        self.table.migration_sql()
+        crate::migrate::migration_sql(&self.table)
     }
 
     /// Builds the pool (for a URL), checks that the server is a writer and, for

@@ -1,11 +1,10 @@
 //! Migrations: the numbered SQL files of `migrations/`, applied by one loop under an advisory
-//! lock, and what [`PostgresStore::migrate`] reports.
+//! lock, and what [`PostgresStore::migrate`](crate::PostgresStore::migrate) reports.
 
 use crate::error::PostgresStoreError;
 use crate::schema::{self, TableMode, TableName};
-use crate::session::{SetupSession, TokioSession};
-use crate::store::PostgresStore;
-use crate::table::Table;
+use crate::session::SetupSession;
+use crate::table::{Table, TableSettings};
 use std::fmt;
 
 /// One numbered migration. Its SQL is a template with placeholders the library fills in for
@@ -139,7 +138,7 @@ pub(crate) fn render_all(name: &TableName, mode: TableMode, purge_schedule: &str
     out
 }
 
-/// What [`PostgresStore::migrate`] did.
+/// What [`PostgresStore::migrate`](crate::PostgresStore::migrate) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MigrationReport {
@@ -189,20 +188,6 @@ impl fmt::Display for MigrationReport {
                  (shared_preload_libraries = 'pg_cron', CREATE EXTENSION pg_cron) and migrate again"
             ),
         }
-    }
-}
-
-impl PostgresStore {
-    /// Creates the table and index if missing, and schedules the pg_cron purge job where pg_cron
-    /// is installed. Idempotent; runs in one transaction under an advisory lock, so several
-    /// instances starting at once do not collide. Fails if the existing table's persistence
-    /// differs from the configured mode.
-    pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
-        let mut client = self.inner.driver.pool.get().await?;
-        let tx = client.transaction().await?;
-        let report = migrate_in(&mut TokioSession(&*tx), &self.inner.table).await?;
-        tx.commit().await?;
-        Ok(report)
     }
 }
 
@@ -327,6 +312,12 @@ pub(crate) async fn migrate_in(
         PurgeJob::PgCronUnavailable { database }
     };
     Ok(MigrationReport { applied, purge_job })
+}
+
+/// Every migration as one script for `settings`, for teams that run their own migration tool.
+pub(crate) fn migration_sql(settings: &TableSettings) -> Result<String, PostgresStoreError> {
+    let (name, mode, schedule) = settings.validated()?;
+    Ok(render_all(&name, mode, schedule))
 }
 
 #[cfg(test)]

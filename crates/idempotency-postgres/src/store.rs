@@ -273,3 +273,17 @@ impl Driver for TokioDriver {
         }
     }
 }
+
+impl PostgresStore {
+    /// Creates the table and index if missing, and schedules the pg_cron purge job where pg_cron
+    /// is installed. Idempotent; runs in one transaction under an advisory lock, so several
+    /// instances starting at once do not collide. Fails if the existing table's persistence
+    /// differs from the configured mode.
+    pub async fn migrate(&self) -> Result<crate::MigrationReport, crate::PostgresStoreError> {
+        let mut client = self.inner.driver.pool.get().await?;
+        let tx = client.transaction().await?;
+        let report = crate::migrate::migrate_in(&mut TokioSession(&*tx), &self.inner.table).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+}

@@ -46,15 +46,11 @@ impl TableSettings {
         })
     }
 
-    /// Every migration as one script, for teams that run their own migration tool.
-    pub(crate) fn migration_sql(&self) -> Result<String, PostgresStoreError> {
+    /// The validated name, the mode and the schedule (what the migrations are rendered with).
+    pub(crate) fn validated(&self) -> Result<(TableName, TableMode, &str), PostgresStoreError> {
         let name = TableName::new(&self.schema, &self.table)?;
         validate_schedule(&self.purge_schedule)?;
-        Ok(crate::migrate::render_all(
-            &name,
-            self.mode,
-            &self.purge_schedule,
-        ))
+        Ok((name, self.mode, &self.purge_schedule))
     }
 }
 

@@ -56,7 +56,7 @@ impl SqlxPostgresStoreBuilder {
     /// The SQL [`SqlxPostgresStore::migrate`] would apply (the same as the tokio-postgres
     /// flavour's), for teams that run their own migration tool. It does not connect.
     pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
-        self.table.migration_sql()
+        crate::migrate::migration_sql(&self.table)
     }
 
     /// Checks that the server is a writer and, for [`TableMode::LoggedAsyncCommit`](crate::TableMode::LoggedAsyncCommit), that the
