@@ -63,6 +63,8 @@ pub(crate) trait DriverRow: Send + Sync {
     fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError>;
     /// An `int8` column.
     fn int8(&self, i: usize) -> Result<i64, StoreError>;
+    /// A `float8` column.
+    fn float8(&self, i: usize) -> Result<f64, StoreError>;
 
     /// A non-NULL `bool` column.
     fn bool(&self, i: usize) -> Result<bool, StoreError> {
@@ -89,6 +91,11 @@ macro_rules! driver_row {
             fn int8(&self, i: usize) -> Result<i64, idempotency_core::StoreError> {
                 self.try_get(i)
                     .map_err(|_| $crate::table::corrupt_field("a bigint column"))
+            }
+
+            fn float8(&self, i: usize) -> Result<f64, idempotency_core::StoreError> {
+                self.try_get(i)
+                    .map_err(|_| $crate::table::corrupt_field("a double precision column"))
             }
         }
     };

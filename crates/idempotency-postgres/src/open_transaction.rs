@@ -22,9 +22,9 @@ struct Keyed {
     fingerprint: Fingerprint,
     /// The lookup saw an expired row of the key: the insert takes it over.
     takeover: bool,
-    /// The transaction's start, in microseconds since the epoch, read with the lookup: the
-    /// insert checks that it still runs in that transaction.
-    began_us: i64,
+    /// The transaction's start, in seconds since the epoch, read with the lookup: the insert
+    /// checks that it still runs in that transaction.
+    began: f64,
 }
 
 /// A transaction the store opened for one request.
@@ -180,7 +180,7 @@ impl<D: Driver> OpenTransaction<D> {
             Param::Text(self.scope.as_str()),
             Param::Text(self.key.as_str()),
             Param::Bytes(&hash[..]),
-            Param::Int8(keyed.began_us),
+            Param::Float8(keyed.began),
             Param::Int4(i32::from(response.status().as_u16())),
             Param::Bytes(&encoded[..]),
             Param::Float8(retention.as_secs_f64()),
@@ -270,7 +270,7 @@ impl<D: Driver> StoreCore<D> {
             ));
         };
         let locked = row.bool(0)?;
-        let began_us = row.int8(1)?;
+        let began = row.float8(1)?;
         let live = row.opt_bool(2)?;
         if live == Some(true) {
             return record_from_row(row, 3).map(Begun::Existing);
@@ -287,7 +287,7 @@ impl<D: Driver> StoreCore<D> {
             keyed: Some(Keyed {
                 fingerprint: *fingerprint,
                 takeover: live == Some(false),
-                began_us,
+                began,
             }),
         }))
     }

@@ -287,7 +287,7 @@ const KEYED_INSERT: &[Type] = &[
     Type::TEXT,
     Type::TEXT,
     Type::BYTEA,
-    Type::INT8,
+    Type::FLOAT8,
     Type::INT4,
     Type::BYTEA,
     Type::FLOAT8,
@@ -308,10 +308,11 @@ fn lock_seed(name: &TableName) -> i64 {
 /// token, so the completion can tell that it runs in the transaction the store opened.
 pub(crate) const TX_MARK: &str = "idempotency.lease_token";
 
-/// The transaction's start (`now()` inside a transaction) in microseconds since the epoch: an
-/// exact integer both drivers read, which the one-transaction mode's insert compares with the
-/// value read at `BEGIN`.
-const BEGAN_US: &str = "(extract(epoch FROM now()) * 1000000)::int8";
+/// The transaction's start (`now()` inside a transaction) as seconds since the epoch, a
+/// `float8` both drivers read (exact to the microsecond: 53 bits hold today's epoch in µs), which
+/// the one-transaction mode's insert compares with the value read at `BEGIN`. `date_part`, not
+/// `extract`, whose `numeric` arithmetic costs more.
+const BEGAN: &str = "date_part('epoch', now())";
 
 /// The columns a record is read from, in this order: fingerprint, whether it is in flight, the
 /// time it has left in ms (its lease while in flight, its retention once completed), response
@@ -459,7 +460,7 @@ impl Statements {
                 format!(
                     "SELECT l.locked, l.began, r.expires_at > now(), {RECORD_COLUMNS} \
                      FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
-                                  {BEGAN_US}) AS l(locked, began) \
+                                  {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",
                     seed = lock_seed(name),
                 ),
@@ -478,7 +479,7 @@ impl Statements {
                        created_at, expires_at) \
                      SELECT $1, $2, $3, $5, $6, statement_timestamp(), \
                        statement_timestamp() + make_interval(secs => $7) \
-                     WHERE 1 / ({BEGAN_US} = $4)::int = 1 \
+                     WHERE 1 / ({BEGAN} = $4)::int = 1 \
                      RETURNING 1"
                 ),
                 KEYED_INSERT,
@@ -492,7 +493,7 @@ impl Statements {
                          locked_until, status_code, response, created_at, expires_at) \
                        SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
                          statement_timestamp() + make_interval(secs => $7) \
-                       WHERE {BEGAN_US} = $4 \
+                       WHERE {BEGAN} = $4 \
                        ON CONFLICT (user_id, key) DO UPDATE SET \
                          request_hash = EXCLUDED.request_hash, lease_token = NULL, \
                          locked_until = NULL, status_code = EXCLUDED.status_code, \
