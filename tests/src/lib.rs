@@ -221,6 +221,19 @@ pub fn request(path: &str, key: &str, user: User, body: &str) -> Request<Body> {
     request
 }
 
+/// The demo's `POST /tasks` for `user` (a Bearer UUID) with idempotency key `key`, whose task is
+/// titled with the key (so tasks can be counted per key).
+pub fn create_task(user: &str, key: &str) -> Request<Body> {
+    Request::builder()
+        .method(Method::POST)
+        .uri("/tasks")
+        .header(header::AUTHORIZATION, format!("Bearer {user}"))
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(format!(r#"{{"title":"{key}"}}"#)))
+        .unwrap()
+}
+
 /// Sends a request and reads the whole response.
 pub async fn send(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, Bytes) {
     let response = app.clone().oneshot(request).await.unwrap();

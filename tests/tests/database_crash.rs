@@ -7,12 +7,11 @@
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
-use axum::body::Body;
 use bytes::Bytes;
-use hyper::{Method, Request, StatusCode, header};
+use hyper::StatusCode;
 use idempotency::TableMode;
 use idempotency_demo::Options;
-use idempotency_e2e::send;
+use idempotency_e2e::{create_task, send};
 use idempotency_testkit::TempPostgres;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,17 +19,6 @@ use std::time::Duration;
 
 const CLIENTS: usize = 16;
 const PER_REQUEST: Duration = Duration::from_secs(10);
-
-fn create(user: &str, key: &str) -> Request<Body> {
-    Request::builder()
-        .method(Method::POST)
-        .uri("/tasks")
-        .header(header::AUTHORIZATION, format!("Bearer {user}"))
-        .header("idempotency-key", key)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(format!(r#"{{"title":"{key}"}}"#)))
-        .unwrap()
-}
 
 /// What the clients saw: per (user, key), the 201 body they got, if any.
 type Seen = Arc<Mutex<HashMap<(String, String), Option<Bytes>>>>;
@@ -49,7 +37,7 @@ async fn send_once_or_until_done(
         .entry((user.to_owned(), key.to_owned()))
         .or_default();
     for _ in 0..400 {
-        let answer = tokio::time::timeout(PER_REQUEST, send(app, create(user, key))).await;
+        let answer = tokio::time::timeout(PER_REQUEST, send(app, create_task(user, key))).await;
         let Ok((status, _, body)) = answer else {
             panic!("a request went unanswered for {PER_REQUEST:?}");
         };

@@ -4,10 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
-use axum::body::Body;
-use hyper::{Method, Request, StatusCode, header};
+use hyper::{StatusCode, header};
 use idempotency_demo::Options;
-use idempotency_e2e::{TestDatabase, send};
+use idempotency_e2e::{TestDatabase, create_task, send};
 use std::time::Duration;
 
 /// Bound on one request's answer, however many duplicates it races.
@@ -26,17 +25,6 @@ async fn demo(db: &TestDatabase, one_transaction: bool) -> Router {
         .router
 }
 
-fn create(user: &str, key: &str) -> Request<Body> {
-    Request::builder()
-        .method(Method::POST)
-        .uri("/tasks")
-        .header(header::AUTHORIZATION, format!("Bearer {user}"))
-        .header("idempotency-key", key)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(format!(r#"{{"title":"{key}"}}"#)))
-        .unwrap()
-}
-
 /// Sends `create(user, key)` until it gets its 201 (first or replayed), retrying 409 and 503
 /// like a client; returns the body and how many sends it took.
 async fn until_created(app: &Router, user: &str, key: &str) -> (bytes::Bytes, usize) {
@@ -45,7 +33,7 @@ async fn until_created(app: &Router, user: &str, key: &str) -> (bytes::Bytes, us
     loop {
         sends += 1;
         let (status, headers, body) =
-            tokio::time::timeout(PER_REQUEST, send(app, create(user, key)))
+            tokio::time::timeout(PER_REQUEST, send(app, create_task(user, key)))
                 .await
                 .unwrap_or_else(|_| panic!("a request went unanswered for {PER_REQUEST:?}"));
         match status {

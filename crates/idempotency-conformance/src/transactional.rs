@@ -117,6 +117,16 @@ async fn proceeds_again<S: IdempotencyStore + 'static>(
     }
 }
 
+/// The retry of a request that left nothing writes once and stores its response.
+async fn retry_runs_once<H: TransactionalHarness>(harness: &H, retry: Guard<H::Store>, tag: &str) {
+    write(harness, &retry, tag).await;
+    assert_eq!(
+        retry.complete(response(201, b"ok")).await,
+        Completion::Stored
+    );
+    assert_eq!(harness.count(tag).await, 1, "the retry ran once");
+}
+
 /// Invariant 10: a committed request has its write and its stored response, and its retry
 /// replays without writing again.
 pub async fn tx_commit_keeps_the_write_and_the_response<H: TransactionalHarness>(
@@ -163,12 +173,7 @@ pub async fn tx_handler_failure_rolls_back_and_frees_the_key<H: TransactionalHar
         "a failed request's write rolled back"
     );
     let retry = proceeds_again(&engine, &scope, &key, "a", "after a released failure").await;
-    write(&*harness, &retry, &tag).await;
-    assert_eq!(
-        retry.complete(response(201, b"ok")).await,
-        Completion::Stored
-    );
-    assert_eq!(harness.count(&tag).await, 1, "the retry ran once");
+    retry_runs_once(&*harness, retry, &tag).await;
 }
 
 /// A request dropped before its commit (a crash, a cancelled future) leaves none of its
@@ -189,12 +194,7 @@ pub async fn tx_dropped_request_leaves_nothing<H: TransactionalHarness>(
         0,
         "the dropped request's write rolled back"
     );
-    write(&*harness, &retry, &tag).await;
-    assert_eq!(
-        retry.complete(response(201, b"ok")).await,
-        Completion::Stored
-    );
-    assert_eq!(harness.count(&tag).await, 1, "the retry ran once");
+    retry_runs_once(&*harness, retry, &tag).await;
 }
 
 /// A duplicate that arrives while the first request's transaction is open is told it is in

@@ -56,7 +56,8 @@ impl<D: Driver> OpenTransaction<D> {
         }
     }
 
-    /// The driver's connection inside the transaction, mutably.
+    /// The driver's connection inside the transaction, mutably (sqlx's executors take it so).
+    #[cfg(feature = "sqlx")]
     pub(crate) fn handle_mut(&mut self) -> &mut D::Tx {
         match &mut self.tx {
             Some(tx) => tx,

@@ -181,16 +181,23 @@ impl Drop for TokioTx {
 
 driver_row!(Row);
 
+impl TokioDriver {
+    /// A pooled connection.
+    async fn client(&self) -> Result<Object, DriverError> {
+        self.pool.get().await.map_err(|e| DriverError {
+            sqlstate: None,
+            error: pool_error(e),
+        })
+    }
+}
+
 #[async_trait]
 impl Driver for TokioDriver {
     type Row = Row;
     type Tx = TokioTx;
 
     async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Row>, DriverError> {
-        let client = self.pool.get().await.map_err(|e| DriverError {
-            sqlstate: None,
-            error: pool_error(e),
-        })?;
+        let client = self.client().await?;
         let refs = sql_params(params);
         sql.query(&client, &refs[..params.len()], self.prepared)
             .await
@@ -198,10 +205,7 @@ impl Driver for TokioDriver {
     }
 
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
-        let client = self.pool.get().await.map_err(|e| DriverError {
-            sqlstate: None,
-            error: pool_error(e),
-        })?;
+        let client = self.client().await?;
         let refs = sql_params(params);
         sql.execute(&client, &refs[..params.len()], self.prepared)
             .await
@@ -213,10 +217,7 @@ impl Driver for TokioDriver {
         sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<(TokioTx, Vec<Row>), DriverError> {
-        let client = self.pool.get().await.map_err(|e| DriverError {
-            sqlstate: None,
-            error: pool_error(e),
-        })?;
+        let client = self.client().await?;
         // Ready (prepared) before the pipeline, which must send BEGIN first.
         let ready = sql
             .ready(&client, self.prepared)
