@@ -1,23 +1,11 @@
 //! What the layer is configured with, shared by every service it makes.
 
-use crate::refusal::{RenderRefusal, problem_json, stripe_error};
+use crate::refusal::{Profile, RenderRefusal, problem_json, stripe_error};
 use http::request::Parts;
 use http::{HeaderName, Method};
 use idempotency_core::{Engine, FingerprintSpec, KeyFormat, Scope};
 use std::fmt;
 use std::sync::Arc;
-
-/// Which wire conventions the layer follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Profile {
-    /// The IETF draft (`draft-ietf-httpapi-idempotency-key-header`): a key reused with another
-    /// request is `422 Unprocessable Content`.
-    #[default]
-    Ietf,
-    /// Stripe's API: a key reused with another request is `400` with code `idempotency_error`,
-    /// an in-flight duplicate is `409` with code `idempotency_key_in_use`.
-    Stripe,
-}
 
 /// The default prefix of problem `type` URIs.
 pub(crate) const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:idempotency:problem:";

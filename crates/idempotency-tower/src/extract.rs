@@ -1,6 +1,6 @@
 //! axum extractors (feature `axum`).
 
-use crate::config::Profile;
+use crate::refusal::Profile;
 use crate::refusal::{Problem, problem_json, render};
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};

@@ -1,6 +1,7 @@
 //! The layer and its builder.
 
-use crate::config::{Profile, ScopeSource, Settings, Shared};
+use crate::config::{ScopeSource, Settings, Shared};
+use crate::refusal::Profile;
 use crate::service::IdempotencyService;
 use http::request::Parts;
 use http::{HeaderName, Method};

@@ -79,10 +79,9 @@ mod route;
 mod service;
 
 pub use body::{BoxError, IdempotencyBody, RequestBody};
-pub use config::Profile;
 #[cfg(feature = "axum")]
 pub use extract::{Tx, TxRejection};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeNotSet, ScopeSet};
-pub use refusal::{Refusal, RefusalKind, RenderRefusal, problem_json, stripe_error};
+pub use refusal::{Profile, Refusal, RefusalKind, RenderRefusal, problem_json, stripe_error};
 pub use service::IdempotencyService;
 pub use service::NotStored;

@@ -3,12 +3,23 @@
 //! own renderer).
 
 use crate::body::{IdempotencyBody, full};
-use crate::config::Profile;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use idempotency_core::KeyError;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Which wire conventions the layer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The IETF draft (`draft-ietf-httpapi-idempotency-key-header`): a key reused with another
+    /// request is `422 Unprocessable Content`.
+    #[default]
+    Ietf,
+    /// Stripe's API: a key reused with another request is `400` with code `idempotency_error`,
+    /// an in-flight duplicate is `409` with code `idempotency_key_in_use`.
+    Stripe,
+}
 
 /// Which refusal the layer makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
