@@ -79,6 +79,10 @@ pub enum ClaimMode {
     /// Anything the handler does outside the transaction is **not** covered: its effect stays
     /// when the transaction rolls back, and the retry runs it again. Use [`ClaimMode::Lease`]
     /// for such handlers.
+    ///
+    /// The request's [`Lease`](crate::Lease) never runs out in this mode (the transaction holds
+    /// the key), and its token fences no stored record: it is no fencing token for a downstream
+    /// system here.
     OneTransaction,
 }
 

@@ -1,7 +1,6 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store.
 
-use super::config::ClaimMode;
 use super::heartbeat::Registration;
 use super::lease::Lease;
 use super::opener::TxOpener;
@@ -138,11 +137,25 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     transaction: Option<TransactionSlot>,
     /// Still holds the claim: neither completed nor released.
     holding: bool,
-    /// How the key is held: a claim record with a lease, or only the request's transaction.
-    mode: ClaimMode,
-    /// The request's fingerprint, in the one-transaction mode: a record that superseded this
-    /// request's is judged against it.
-    fingerprint: Option<Fingerprint>,
+    /// How the key is held.
+    hold: Hold,
+}
+
+/// How a guard holds its key.
+#[derive(Clone, Copy)]
+enum Hold {
+    /// A claim record with a lease ([`ClaimMode::Lease`](super::ClaimMode::Lease)).
+    Lease,
+    /// Only the request's transaction
+    /// ([`ClaimMode::OneTransaction`](super::ClaimMode::OneTransaction)); a record that
+    /// superseded the request's is judged against its fingerprint.
+    Transaction(Fingerprint),
+}
+
+impl Hold {
+    fn is_transaction(self) -> bool {
+        matches!(self, Hold::Transaction(_))
+    }
 }
 
 impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
@@ -175,8 +188,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             started_driver,
             transaction,
             holding: true,
-            mode: ClaimMode::Lease,
-            fingerprint: None,
+            hold: Hold::Lease,
         }
     }
 
@@ -195,8 +207,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             started_driver: false,
             transaction: Some(TransactionSlot::opened(tx)),
             holding: true,
-            mode: ClaimMode::OneTransaction,
-            fingerprint: Some(fingerprint),
+            hold: Hold::Transaction(fingerprint),
         }
     }
 
@@ -235,7 +246,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self.stop_heartbeat();
         let completion = match self.take_transaction().await {
             Taken::Open { tx, used } => {
-                if !used && self.mode == ClaimMode::OneTransaction {
+                if !used && self.hold.is_transaction() {
                     tracing::warn!(
                         backend = self.shared.store.backend(),
                         "ClaimMode::OneTransaction: the handler never took the request's \
@@ -247,7 +258,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 self.commit(tx, &response).await
             }
             Taken::Busy => self.transaction_busy(),
-            Taken::Unopened | Taken::Closed if self.mode == ClaimMode::OneTransaction => {
+            Taken::Unopened | Taken::Closed if self.hold.is_transaction() => {
                 tracing::error!(
                     backend = self.shared.store.backend(),
                     "the request's transaction was closed before its response could be stored"
@@ -272,7 +283,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             ),
             Taken::Unopened | Taken::Closed => {}
         }
-        if self.mode == ClaimMode::OneTransaction {
+        if self.hold.is_transaction() {
             // The transaction was the only hold on the key: rolled back, the key is free.
             return self.finish(Completion::Released);
         }
@@ -372,10 +383,10 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     backend = shared.store.backend(),
                     "another request completed the key first; the transaction rolled back"
                 );
-                let judged = match &self.fingerprint {
-                    Some(fingerprint) => judge(record, fingerprint),
+                let judged = match self.hold {
+                    Hold::Transaction(fingerprint) => judge(record, &fingerprint),
                     // Only the one-transaction mode inserts records at commit time.
-                    None => Judged::Mismatch,
+                    Hold::Lease => Judged::Mismatch,
                 };
                 Completion::Superseded(match judged {
                     Judged::Mismatch => Superseded::Mismatch,
@@ -397,7 +408,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 );
                 Completion::TransactionMisused
             }
-            Err(error) if self.mode == ClaimMode::OneTransaction => {
+            Err(error) if self.hold.is_transaction() => {
                 tracing::warn!(
                     backend = shared.store.backend(),
                     error = %ErrorChain(&error),
@@ -494,7 +505,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
         let shared = Arc::clone(&self.shared);
         let lease = self.lease.clone();
         let transaction = self.transaction.take();
-        let release = self.mode == ClaimMode::Lease;
+        let release = !self.hold.is_transaction();
         let tasks = shared.tasks.clone();
         tasks.spawn_on(
             async move {
