@@ -230,9 +230,19 @@ impl ServerProcess {
     /// Starts `binary args..`, a server that prints `listening on <addr>` once bound, and
     /// waits until it listens.
     pub async fn spawn(binary: &std::path::Path, args: &[&str]) -> Result<Self, String> {
+        Self::spawn_with_env(binary, args, &[]).await
+    }
+
+    /// [`ServerProcess::spawn`] with environment variables set for the child (for what must
+    /// not show in the process list, a database URL with its password).
+    pub async fn spawn_with_env(
+        binary: &std::path::Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Self, String> {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut command = tokio::process::Command::new(binary);
-        command.args(args);
+        command.args(args).envs(envs.iter().copied());
         let mut child = command
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

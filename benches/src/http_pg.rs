@@ -431,12 +431,12 @@ async fn measure_one(
         "serve-pg-tasks",
         "--listen",
         "127.0.0.1:0",
-        "--url",
-        url,
         "--variant",
         variant.name(),
     ];
-    let server = ServerProcess::spawn(binary, &args).await?;
+    // The URL goes in the environment: a password in it must not show in the process list.
+    let envs = [("IDEMPOTENCY_BENCH_POSTGRES_URL", url)];
+    let server = ServerProcess::spawn_with_env(binary, &args, &envs).await?;
     // Warm up: prepared statements on every connection, the pool filled.
     let warm_up = Duration::from_millis(500);
     round(&server, Workload::FreshKeys, connections, warm_up).await?;

@@ -84,7 +84,8 @@ struct HttpPgArgs {
 struct ServePgArgs {
     #[arg(long)]
     listen: std::net::SocketAddr,
-    #[arg(long, hide_env_values = true)]
+    /// The database (read from the environment, so a password never shows in the process list).
+    #[arg(long, env = "IDEMPOTENCY_BENCH_POSTGRES_URL", hide_env_values = true)]
     url: String,
     #[arg(long)]
     variant: String,
