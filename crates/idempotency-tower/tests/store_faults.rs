@@ -336,6 +336,63 @@ fn the_heartbeat_survives_the_runtime_that_started_it() {
     assert_eq!(first.0, StatusCode::CREATED);
 }
 
+/// The same when the first runtime shuts down before any of its workers polled the heartbeat
+/// driver that its request started (a runtime dropped under load right after serving): the
+/// driver's task is dropped unpolled, and the next runtime's requests still get a driver.
+#[test]
+fn the_heartbeat_survives_a_runtime_that_never_ran_its_driver() {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    // A runtime nobody drives: the request runs on this thread, so the driver task it spawns
+    // is never polled before the runtime goes away.
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    {
+        let _entered = first.enter();
+        let mut request = post_to("/orders");
+        request.headers_mut().insert(
+            "idempotency-key",
+            HeaderValue::from_static("8e03978e-40d5-43e8-bc93-6894a57f9300"),
+        );
+        assert_eq!(poll_here(send(&app, request)).0, StatusCode::CREATED);
+    }
+    drop(first);
+    let (duplicate, first) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(duplicate_after_the_first_lease_on(&app, &runs, "/blocking"));
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    assert_eq!(first.0, StatusCode::CREATED);
+}
+
+/// Runs `future` to completion on this thread, outside any runtime's scheduler.
+fn poll_here<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut context = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
 /// A response whose body takes longer than the lease to arrive keeps its key until the body is
 /// stored: the heartbeat covers the whole request, not only the handler's head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

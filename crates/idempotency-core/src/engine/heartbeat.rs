@@ -16,6 +16,14 @@
 //! no earlier than the driver wakes, or, if its claim was sent before the driver went to sleep,
 //! earlier by at most that claim's round trip: its first heartbeat starts that much late, a
 //! small part of the two periods the lease still has.
+//!
+//! The driver and the heartbeats sleep on a timer thread of their own ([`sleep_until`]), not
+//! on the runtime's timer: Tokio fires its timers only from a worker parked on its driver, and
+//! a worker that wakes holding the driver and then runs a handler that blocks its thread
+//! leaves every timer of the runtime unattended while the other workers sleep on their
+//! condition variables (Tokio's eager hand-off of the driver is an unstable option). A wake-up
+//! from another thread goes through the runtime's global queue and unparks an idle worker,
+//! which runs the heartbeat and takes the driver when it next parks.
 
 use super::Shared;
 use super::lease::Lease;
@@ -63,7 +71,7 @@ pub(crate) struct Schedule {
 }
 
 /// Clears [`Schedule::driver_alive`] however the driver task ends (returned, or dropped with
-/// its runtime), so the next registration starts a new one.
+/// its runtime, polled or not), so the next registration starts a new one.
 struct DriverAlive(Arc<Schedule>);
 
 impl Drop for DriverAlive {
@@ -132,7 +140,10 @@ impl Schedule {
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok();
         if started {
-            tokio::spawn(drive(Arc::clone(self), Arc::downgrade(shared)));
+            // The flag's guard goes into the task from the start: a runtime that shuts down
+            // before the task's first poll drops it there, and the next registration (on
+            // another runtime) starts a new driver.
+            tokio::spawn(drive(DriverAlive(Arc::clone(self)), Arc::downgrade(shared)));
         }
         (registration, started)
     }
@@ -188,8 +199,8 @@ impl Schedule {
 
 /// The driver: sleeps until the earliest registration is due (at most one period), then starts
 /// a heartbeat task for each request still running at that point.
-async fn drive<S: IdempotencyStore + 'static>(schedule: Arc<Schedule>, shared: Weak<Shared<S>>) {
-    let _alive = DriverAlive(Arc::clone(&schedule));
+async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<Shared<S>>) {
+    let schedule = &alive.0;
     loop {
         let closed = schedule.closed_signal.notified();
         tokio::pin!(closed);
@@ -211,10 +222,16 @@ async fn drive<S: IdempotencyStore + 'static>(schedule: Arc<Schedule>, shared: W
         }
         let wake_at = next.map_or(now + schedule.period, |at| at.min(now + schedule.period));
         tokio::select! {
-            () = tokio::time::sleep_until(wake_at) => {}
+            () = sleep_until(wake_at) => {}
             () = closed => return,
         }
     }
+}
+
+/// A future that resolves at `deadline`, woken from futures-timer's own thread (see the module
+/// documentation for why not the runtime's timer).
+pub(crate) fn sleep_until(deadline: Instant) -> futures_timer::Delay {
+    futures_timer::Delay::new(deadline.saturating_duration_since(Instant::now()))
 }
 
 /// Extends the lease now and then every third of its length until the request stops its

@@ -180,7 +180,7 @@ impl Lease {
             }
             tokio::select! {
                 () = changed => {}
-                () = tokio::time::sleep_until(until) => return self.heartbeat_wanted(),
+                () = super::heartbeat::sleep_until(until) => return self.heartbeat_wanted(),
             }
         }
     }
