@@ -43,6 +43,9 @@ pub enum DecodeError {
     /// Unknown flag bits are set.
     #[error("unknown flags {0:#04x}")]
     UnknownFlags(u8),
+    /// More header fields than an `http::HeaderMap` can hold (2^15).
+    #[error("stored response claims {0} headers, more than a header map holds")]
+    TooManyHeaders(usize),
 }
 
 const MAGIC: &[u8; 3] = b"IDR";
@@ -182,7 +185,11 @@ impl StoredResponse {
         if count > bytes.remaining() / 6 {
             return Err(DecodeError::Truncated);
         }
-        let mut headers = HeaderMap::with_capacity(count);
+        // A header map holds at most 2^15 fields and panics past that in `with_capacity` and
+        // `append`: use the fallible forms (a response captured from a real `HeaderMap` never
+        // gets there, so only a damaged or forged record does).
+        let mut headers =
+            HeaderMap::try_with_capacity(count).map_err(|_| DecodeError::TooManyHeaders(count))?;
         for _ in 0..count {
             need(&bytes, 2)?;
             let name_len = usize::from(bytes.get_u16());
@@ -195,7 +202,9 @@ impl StoredResponse {
             need(&bytes, value_len)?;
             let value = HeaderValue::from_maybe_shared(bytes.split_to(value_len))
                 .map_err(|_| DecodeError::InvalidHeader)?;
-            headers.append(name, value);
+            headers
+                .try_append(name, value)
+                .map_err(|_| DecodeError::TooManyHeaders(count))?;
         }
         need(&bytes, 4)?;
         let body_len = bytes.get_u32() as usize;
@@ -391,6 +400,71 @@ mod tests {
                     StoredResponse::new(status, map, Bytes::from(body))
                 }
             })
+    }
+
+    /// A record as large as the store allows, claiming more headers than a `HeaderMap` can
+    /// hold (2^15), and holding them: a typed error, not a panic in `with_capacity` or `append`.
+    #[test]
+    fn more_headers_than_a_header_map_holds_is_corrupt_not_a_panic() {
+        for (claimed, present) in [(40_000u32, 0usize), (40_000, 40_000), (1 << 20, 0)] {
+            let mut raw = b"IDR\x01".to_vec();
+            raw.extend_from_slice(&201u16.to_be_bytes());
+            raw.push(0);
+            raw.extend_from_slice(&claimed.to_be_bytes());
+            for i in 0..present {
+                let name = format!("x-{i}");
+                raw.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                raw.extend_from_slice(name.as_bytes());
+                raw.extend_from_slice(&1u32.to_be_bytes());
+                raw.push(b'v');
+            }
+            // Padding so that the count passes the "6 bytes per header" bound.
+            raw.resize(raw.len().max(claimed as usize * 6 + 16), 0);
+            let decoded = std::panic::catch_unwind(|| StoredResponse::decode(Bytes::from(raw)));
+            assert!(
+                matches!(decoded, Ok(Err(_))),
+                "{claimed} headers claimed, {present} present: {decoded:?}"
+            );
+        }
+    }
+
+    /// An encoding with up to 40,000 header fields (past a header map's 2^15), whose counts
+    /// and lengths may lie, with bytes flipped anywhere.
+    fn arb_large_encoding() -> impl Strategy<Value = Vec<u8>> {
+        (
+            0u32..40_000,
+            0usize..40_000,
+            any::<u32>(),
+            proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+        )
+            .prop_map(|(claimed, present, body_len, flips)| {
+                let mut raw = b"IDR\x01".to_vec();
+                raw.extend_from_slice(&200u16.to_be_bytes());
+                raw.push(0);
+                raw.extend_from_slice(&claimed.to_be_bytes());
+                for i in 0..present {
+                    let name = format!("h{}", i % 64);
+                    raw.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                    raw.extend_from_slice(name.as_bytes());
+                    raw.extend_from_slice(&2u32.to_be_bytes());
+                    raw.extend_from_slice(b"ok");
+                }
+                raw.extend_from_slice(&(body_len % 4096).to_be_bytes());
+                raw.resize(raw.len() + (body_len % 4096) as usize, b'x');
+                for (at, byte) in flips {
+                    let at = at % raw.len();
+                    raw[at] ^= byte;
+                }
+                raw
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn decoder_never_panics_on_large_input(raw in arb_large_encoding()) {
+            let _ = StoredResponse::decode(Bytes::from(raw));
+        }
     }
 
     proptest! {
