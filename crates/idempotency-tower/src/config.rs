@@ -78,7 +78,7 @@ impl Default for Settings {
             header: HeaderName::from_static("idempotency-key"),
             methods: vec![Method::POST, Method::PATCH, Method::DELETE],
             key_required: true,
-            key_format: KeyFormat::UuidV4,
+            key_format: KeyFormat::default(),
             max_request_body: 1024 * 1024,
             max_stored_body: 1024 * 1024,
             fail_open: false,

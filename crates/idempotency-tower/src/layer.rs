@@ -46,7 +46,7 @@ impl<S: IdempotencyStore> fmt::Debug for IdempotencyLayer<S> {
 
 impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// A builder over `store` with the defaults: header `Idempotency-Key`, methods POST, PATCH
-    /// and DELETE (the ADR), key required, UUID v4 keys, lease 60 s, retention 24 h, request
+    /// and DELETE (the ADR), key required, any 1..=255 visible-ASCII key, lease 60 s, retention 24 h, request
     /// bodies up to 1 MiB, responses stored up to 1 MiB, 2xx-4xx stored (not 408/429),
     /// fail closed, no waiting for in-flight duplicates, IETF profile, JSON bodies canonicalised
     /// for the fingerprint, each store call bounded by 5 s.
@@ -202,7 +202,9 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// Which keys are accepted (default UUID v4).
+    /// Which keys are accepted: by default any 1..=255 visible-ASCII key, bare or quoted
+    /// ([`KeyFormat::opaque`], what Stripe's and Stainless-generated SDKs send);
+    /// [`KeyFormat::UuidV4`] to require UUID v4s.
     pub fn key_format(mut self, format: KeyFormat) -> Self {
         self.settings.key_format = format;
         self

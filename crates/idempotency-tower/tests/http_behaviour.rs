@@ -236,13 +236,28 @@ async fn missing_malformed_and_repeated_keys_are_400_problems() {
     let p = problem(&body);
     assert_eq!(p["type"], "urn:idempotency:problem:key-missing");
     assert_eq!(p["status"], 400);
-    for bad in [
-        "not-a-uuid",
-        "\"unterminated",
-        "c232ab00-9414-11ec-b3c8-9f68deced846",
-    ] {
+    let too_long = "a".repeat(256);
+    for bad in ["\"unterminated", "two words", "\"\"", too_long.as_str()] {
         let (status, _, body) = send(
             &app,
+            request(Method::POST, "/tasks", Some(bad), Some("alice"), "{}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(
+            problem(&body)["type"],
+            "urn:idempotency:problem:key-invalid"
+        );
+    }
+    // The strict opt-in refuses what is not a UUID v4.
+    let strict = app_with(
+        |b| b.key_format(idempotency_core::KeyFormat::UuidV4),
+        MemoryStore::default(),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    for bad in ["not-a-uuid", "c232ab00-9414-11ec-b3c8-9f68deced846"] {
+        let (status, _, body) = send(
+            &strict,
             request(Method::POST, "/tasks", Some(bad), Some("alice"), "{}"),
         )
         .await;
@@ -261,19 +276,63 @@ async fn missing_malformed_and_repeated_keys_are_400_problems() {
         problem(&body)["type"],
         "urn:idempotency:problem:key-repeated"
     );
-    let too_long = "a".repeat(300);
-    let layer_app = app_with(
-        |b| b.key_format(idempotency_core::KeyFormat::opaque()),
-        MemoryStore::default(),
-        Arc::new(AtomicUsize::new(0)),
-    );
     let (status, _, body) = send(
-        &layer_app,
-        request(Method::POST, "/tasks", Some(&too_long), Some("alice"), "{}"),
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(&"a".repeat(300)),
+            Some("alice"),
+            "{}",
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(problem(&body)["detail"].as_str().unwrap().contains("255"));
+}
+
+/// The keys real clients send pass with the default settings, and their retries replay:
+/// stripe-python's UUID-shaped keys (whose version digit is random; a v1-looking one here),
+/// Stainless-generated SDKs' `stainless-python-retry-<uuid4>` (OpenAI, Anthropic, Increase), a
+/// Stripe-dashboard style free-form key, and the IETF draft's quoted form.
+#[tokio::test]
+async fn real_clients_keys_are_accepted_by_default() {
+    for profile in [Profile::Ietf, Profile::Stripe] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app_with(|b| b.profile(profile), MemoryStore::default(), runs.clone());
+        let keys = [
+            "c232ab00-9414-11ec-b3c8-9f68deced846",
+            "5f0c0a8e-1d2b-0c3d-8e4f-5a6b7c8d9e0f",
+            "stainless-python-retry-2b3c4d5e-6f70-4182-93a4-b5c6d7e8f901",
+            "order_1234:checkout",
+            "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+        ];
+        for key in keys {
+            let first = send(
+                &app,
+                request(Method::POST, "/tasks", Some(key), Some("alice"), "{}"),
+            )
+            .await;
+            assert_eq!(
+                first.0,
+                StatusCode::CREATED,
+                "{profile:?} {key}: {:?}",
+                first.2
+            );
+            let retry = send(
+                &app,
+                request(Method::POST, "/tasks", Some(key), Some("alice"), "{}"),
+            )
+            .await;
+            assert_eq!(
+                (retry.0, &retry.2),
+                (first.0, &first.2),
+                "{profile:?} {key}"
+            );
+            assert!(retry.1.get("idempotent-replayed").is_some(), "{key}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), keys.len(), "{profile:?}");
+    }
 }
 
 #[tokio::test]
