@@ -25,9 +25,11 @@ struct Cli {
     /// The PostgreSQL table.
     #[arg(long, default_value = idempotency::postgres::DEFAULT_TABLE, global = true)]
     table: String,
-    /// The PostgreSQL table mode.
-    #[arg(long, value_enum, default_value_t = Mode::Unlogged, global = true)]
-    mode: Mode,
+    /// The PostgreSQL table mode. Left out: the library's default (a new table is LOGGED, an
+    /// existing UNLOGGED table is kept with a warning); given: a table persisted otherwise is
+    /// refused.
+    #[arg(long, value_enum, global = true)]
+    mode: Option<Mode>,
     /// The pg_cron schedule of the purge job.
     #[arg(long, default_value = idempotency::postgres::DEFAULT_PURGE_SCHEDULE, global = true)]
     purge_schedule: String,
@@ -145,12 +147,15 @@ fn kind(url: &str) -> Result<Kind, Failure> {
 }
 
 fn postgres_builder(cli: &Cli, url: &str) -> PostgresStoreBuilder {
-    PostgresStore::builder(url)
+    let builder = PostgresStore::builder(url)
         .schema(&cli.schema)
         .table(&cli.table)
-        .table_mode(cli.mode.into())
         .purge_schedule(&cli.purge_schedule)
-        .pool_size(2)
+        .pool_size(2);
+    match cli.mode {
+        Some(mode) => builder.table_mode(mode.into()),
+        None => builder,
+    }
 }
 
 async fn postgres(cli: &Cli, url: &str) -> Result<PostgresStore, Failure> {

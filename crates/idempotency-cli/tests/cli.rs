@@ -27,6 +27,41 @@ fn idempotency(args: &[&str]) -> (i32, String) {
 mod postgres {
     use super::*;
 
+    /// A table made UNLOGGED (the default of earlier versions) is kept by a store left at the
+    /// default, and `check` names it with the statement that makes it durable.
+    #[test]
+    fn an_unlogged_table_of_an_earlier_version_is_kept_and_named() {
+        let schema = TestSchema::new("idem_cli_u");
+        let url = schema.url().to_owned();
+        let run = |args: &[&str]| {
+            let mut all = args.to_vec();
+            all.extend(["--url", &url, "--schema", schema.name()]);
+            idempotency(&all)
+        };
+        let (code, text) = run(&["migrate", "--mode", "unlogged"]);
+        assert_eq!(code, 0, "{text}");
+        let (code, text) = run(&["migrate"]);
+        assert_eq!(code, 0, "the default keeps the UNLOGGED table: {text}");
+        let (code, text) = run(&["check"]);
+        assert_eq!(code, 1, "{text}");
+        assert!(
+            text.contains("is UNLOGGED (the default of earlier versions)")
+                && text.contains("SET LOGGED"),
+            "{text}"
+        );
+        let (code, text) = run(&["check", "--mode", "unlogged"]);
+        assert_eq!(
+            code, 0,
+            "chosen explicitly, the UNLOGGED table is fine: {text}"
+        );
+        let (code, text) = run(&["migrate", "--mode", "logged"]);
+        assert_eq!(code, 3, "chosen explicitly, LOGGED refuses it: {text}");
+        assert!(
+            text.contains("is UNLOGGED but the store is configured for LOGGED"),
+            "{text}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn migrate_check_inspect_and_purge_a_deployment() {
         let schema = TestSchema::new("idem_cli");
@@ -55,10 +90,11 @@ mod postgres {
         assert!(text.contains("0001_create_idempotency_keys"), "{text}");
         let (code, text) = run(&["check"]);
         assert_eq!((code, text.trim_end().ends_with("ok")), (0, true), "{text}");
-        let (code, text) = run(&["check", "--mode", "logged"]);
+        assert!(text.contains("(LOGGED)"), "a new table is LOGGED: {text}");
+        let (code, text) = run(&["check", "--mode", "unlogged"]);
         assert_eq!(code, 1, "{text}");
         assert!(
-            text.contains("is UNLOGGED, but the store is configured for LOGGED"),
+            text.contains("is LOGGED, but the store is configured for UNLOGGED"),
             "{text}"
         );
 

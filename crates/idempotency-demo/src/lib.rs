@@ -3,7 +3,8 @@
 //! - `Authorization: Bearer <user-uuid>`: the UUID is the user (and the idempotency scope).
 //! - `POST /tasks {"title"}` -> 201 + `Location`; `GET /tasks`; `GET /tasks/{id}`;
 //!   `PATCH /tasks/{id} {"title"?, "done"?}`; `DELETE /tasks/{id}` -> 204.
-//! - `Idempotency-Key` (UUID v4) is required on POST, PATCH and DELETE, as the ADR says.
+//! - `Idempotency-Key` (any 1..=255 visible-ASCII key; clients should send a UUID v4, as the
+//!   ADR says) is required on POST, PATCH and DELETE.
 //! - On PostgreSQL, each write runs in the request's idempotency transaction (`Tx`): the task
 //!   and the stored response commit together, so a crash or a store fault between them cannot
 //!   make a retry create a second task.
@@ -131,39 +132,24 @@ pub async fn build_app_with(store_url: &str, options: &Options) -> Result<App, D
     Ok(router_with(store, tasks, options))
 }
 
-/// The PostgreSQL store of `options`, migrated.
+/// The PostgreSQL store of `options`, migrated. Without `--table-mode` the library's default
+/// applies: a new key table is LOGGED, and an existing UNLOGGED one is kept with a warning.
 async fn postgres_store(url: &str, options: &Options) -> Result<PostgresStore, DemoError> {
-    let build = |mode: TableMode| {
-        PostgresStore::builder(url)
-            .table_mode(mode)
-            .pool_size(32)
-            .transactions(options.tasks_in_transaction)
-            .build()
-    };
-    let store = build(options.table_mode.unwrap_or(TableMode::Logged))
+    let mut builder = PostgresStore::builder(url)
+        .pool_size(32)
+        .transactions(options.tasks_in_transaction);
+    if let Some(mode) = options.table_mode {
+        builder = builder.table_mode(mode);
+    }
+    let store = builder
+        .build()
         .await
         .map_err(idempotency::ConnectError::from)?;
-    match store.migrate().await {
-        Ok(_) => Ok(store),
-        Err(idempotency::postgres::PostgresStoreError::TableModeMismatch {
-            table, found, ..
-        }) if options.table_mode.is_none() && found == "UNLOGGED" => {
-            tracing::warn!(
-                %table,
-                "the key table is UNLOGGED (made by an earlier version): kept as it is, so a \
-                 database crash loses its keys; `ALTER TABLE {table} SET LOGGED` makes it durable"
-            );
-            let store = build(TableMode::Unlogged)
-                .await
-                .map_err(idempotency::ConnectError::from)?;
-            store
-                .migrate()
-                .await
-                .map_err(idempotency::ConnectError::from)?;
-            Ok(store)
-        }
-        Err(error) => Err(idempotency::ConnectError::from(error).into()),
-    }
+    store
+        .migrate()
+        .await
+        .map_err(idempotency::ConnectError::from)?;
+    Ok(store)
 }
 
 /// The app on a given idempotency store and task storage.

@@ -1,9 +1,9 @@
 -- ADR 009's idempotency_keys table, with the project's amendments (docs/postgres.md explains each
--- deviation from the ADR's schema): "public"."idempotency_keys", UNLOGGED.
+-- deviation from the ADR's schema): "public"."idempotency_keys", LOGGED.
 -- Apply in order with `psql -v ON_ERROR_STOP=1 -1 -f <file>`; every statement is idempotent.
--- For other names or an ordinary LOGGED table, `idempotency print-sql` (or
+-- For other names or an UNLOGGED table, `idempotency print-sql` (or
 -- PostgresStoreBuilder::migration_sql) renders these files for them.
-CREATE UNLOGGED TABLE IF NOT EXISTS "public"."idempotency_keys" (
+CREATE TABLE IF NOT EXISTS "public"."idempotency_keys" (
     user_id      text        NOT NULL,  -- the scope: the authenticated principal
     key          text        NOT NULL,  -- the client's Idempotency-Key
     request_hash bytea       NOT NULL,  -- fingerprint: algorithm id (1 byte) + SHA-256 (32 bytes)

@@ -1,4 +1,4 @@
-//! The PostgreSQL [`IdempotencyStore`](idempotency_core::IdempotencyStore): ADR 009's `UNLOGGED` table, amended, on
+//! The PostgreSQL [`IdempotencyStore`](idempotency_core::IdempotencyStore): ADR 009's table, amended (LOGGED by default), on
 //! tokio-postgres and deadpool-postgres. Every store step is one round trip; every time is the
 //! database's `now()`.
 //!
@@ -7,7 +7,7 @@
 //!
 //! # async fn run() -> Result<(), idempotency_postgres::PostgresStoreError> {
 //! let store = PostgresStore::builder("postgres://app@db.internal/app")
-//!     .table_mode(TableMode::Unlogged) // the ADR's choice, and the default
+//!     .table_mode(TableMode::Logged)   // the default (the ADR chose Unlogged)
 //!     .build()
 //!     .await?;                          // refuses a standby / reader endpoint; no DDL
 //! let report = store.migrate().await?;  // idempotent, under an advisory lock

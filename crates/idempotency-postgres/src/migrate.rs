@@ -46,7 +46,7 @@ const CREATE_TABLE: &str = "\
 -- ADR 009's idempotency_keys table, with the project's amendments (docs/postgres.md explains each
 -- deviation from the ADR's schema): {table}, {mode}.
 -- Apply in order with `psql -v ON_ERROR_STOP=1 -1 -f <file>`; every statement is idempotent.
--- For other names or an ordinary LOGGED table, `idempotency print-sql` (or
+-- For other names or an UNLOGGED table, `idempotency print-sql` (or
 -- PostgresStoreBuilder::migration_sql) renders these files for them.
 CREATE {persistence}TABLE IF NOT EXISTS {table} (
     user_id      text        NOT NULL,  -- the scope: the authenticated principal
@@ -265,11 +265,24 @@ pub(crate) async fn migrate_in(
         "LOGGED"
     };
     if found != table.mode.persistence_name() {
-        return Err(PostgresStoreError::TableModeMismatch {
-            table: name.qualified(),
-            expected: table.mode.persistence_name(),
-            found,
-        });
+        if !table.mode_chosen && found == "UNLOGGED" {
+            // Made by a version whose default was UNLOGGED, and nobody chose a mode since:
+            // rewriting a live table is the operator's call, not a side effect of starting up.
+            tracing::warn!(
+                table = %name.qualified(),
+                "the key table is UNLOGGED (the default of earlier versions): kept as it is, so a \
+                 database crash or failover loses its keys and their retries run again; \
+                 `ALTER TABLE {} SET LOGGED` makes it durable (a rewrite under an exclusive \
+                 lock), or choose TableMode::Unlogged to keep it and silence this",
+                name.qualified()
+            );
+        } else {
+            return Err(PostgresStoreError::TableModeMismatch {
+                table: name.qualified(),
+                expected: table.mode.persistence_name(),
+                found,
+            });
+        }
     }
     let purge_job = if installed("pg_cron") {
         // The job as cron.job has it: someone may have unscheduled it, or the configured
@@ -339,7 +352,7 @@ mod tests {
         if std::env::var_os("IDEMPOTENCY_BLESS").is_some() {
             for migration in &MIGRATIONS {
                 let sql =
-                    migration.render(&defaults(), TableMode::Unlogged, DEFAULT_PURGE_SCHEDULE);
+                    migration.render(&defaults(), TableMode::default(), DEFAULT_PURGE_SCHEDULE);
                 for folder in [dir.clone(), crate_dir.join("../../migrations")] {
                     std::fs::create_dir_all(&folder).unwrap();
                     std::fs::write(folder.join(migration.file_name()), &sql).unwrap();
@@ -351,7 +364,7 @@ mod tests {
             let file = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let rendered =
-                migration.render(&defaults(), TableMode::Unlogged, DEFAULT_PURGE_SCHEDULE);
+                migration.render(&defaults(), TableMode::default(), DEFAULT_PURGE_SCHEDULE);
             assert_eq!(
                 file,
                 rendered,

@@ -5,15 +5,23 @@ use deadpool_postgres::ClientWrapper as Client;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-/// How the table is persisted. The ADR chose UNLOGGED; the others exist so the benches compare
-/// like with like, and for deployments that cannot accept the crash loss.
+/// How the table is persisted.
+///
+/// The ADR chose UNLOGGED; measured end to end it buys nothing once the key's completion rides
+/// the handler's commit (`docs/benchmarks.md`, "Through HTTP on PostgreSQL": LOGGED and
+/// UNLOGGED within noise of each other in the one-transaction mode, about 530 more WAL bytes
+/// per request), while UNLOGGED loses every key on a crash and on a failover. So the default is
+/// [`Logged`](TableMode::Logged). A store left at the default keeps an existing UNLOGGED table
+/// (made by a version whose default it was) with a warning; choosing a mode explicitly makes
+/// `migrate()` refuse a table persisted otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TableMode {
-    /// `CREATE UNLOGGED TABLE` (the ADR): no WAL, so faster commits, but the table is emptied
-    /// by a crash or immediate shutdown and cannot be read on a standby.
-    #[default]
+    /// `CREATE UNLOGGED TABLE` (the ADR's choice): no WAL for the key rows, but the table is
+    /// emptied by a crash or immediate shutdown and cannot be read on a standby.
     Unlogged,
-    /// An ordinary table: every completed record survives a crash once its commit returned.
+    /// An ordinary table (the default): every completed record survives a crash once its commit
+    /// returned, and is on the standbys.
+    #[default]
     Logged,
     /// An ordinary table written with `synchronous_commit = off` on the store's connections:
     /// commits return before their WAL is flushed, so a crash can lose the last few hundred

@@ -20,6 +20,9 @@ pub struct StoreStatus {
     pub persistence: Option<&'static str>,
     /// The persistence the store is configured for.
     pub expected_persistence: &'static str,
+    /// Whether that persistence was chosen (`table_mode`) rather than left at the default: a
+    /// store left at the default accepts an existing UNLOGGED table.
+    pub persistence_chosen: bool,
     /// Migrations recorded as applied.
     pub applied: Vec<i32>,
     /// Migrations not applied yet (the pg_cron one only where pg_cron is installed).
@@ -62,6 +65,17 @@ impl StoreStatus {
                 "table {} does not exist: run `idempotency migrate` (or the SQL of migrations/)",
                 self.table
             )),
+            Some("UNLOGGED")
+                if !self.persistence_chosen && self.expected_persistence != "UNLOGGED" =>
+            {
+                problems.push(format!(
+                    "table {table} is UNLOGGED (the default of earlier versions): a database crash \
+                     or failover empties it and the retries of its keys run again; \
+                     `ALTER TABLE {table} SET LOGGED` makes it durable, or choose \
+                     TableMode::Unlogged to keep it",
+                    table = self.table
+                ))
+            }
             Some(found) if found != self.expected_persistence => problems.push(format!(
                 "table {} is {found}, but the store is configured for {}",
                 self.table, self.expected_persistence
@@ -205,6 +219,7 @@ impl PostgresStore {
             table: name.qualified(),
             persistence,
             expected_persistence: self.inner.table.mode.persistence_name(),
+            persistence_chosen: self.inner.table.mode_chosen,
             applied,
             pending,
             purge,

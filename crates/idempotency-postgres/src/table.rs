@@ -18,6 +18,8 @@ pub(crate) struct TableSettings {
     pub(crate) schema: String,
     pub(crate) table: String,
     pub(crate) mode: TableMode,
+    /// The mode was chosen with `table_mode` (not left at the default).
+    pub(crate) mode_chosen: bool,
     pub(crate) purge_schedule: String,
 }
 
@@ -27,6 +29,7 @@ impl Default for TableSettings {
             schema: "public".to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             mode: TableMode::default(),
+            mode_chosen: false,
             purge_schedule: DEFAULT_PURGE_SCHEDULE.to_owned(),
         }
     }
@@ -42,6 +45,7 @@ impl TableSettings {
             statements: Statements::new(&name),
             name,
             mode: self.mode,
+            mode_chosen: self.mode_chosen,
             purge_schedule: self.purge_schedule.clone(),
         })
     }
@@ -70,9 +74,12 @@ macro_rules! table_setters {
             self
         }
 
-        /// UNLOGGED (default), LOGGED, or LOGGED with asynchronous commit.
+        /// LOGGED (default), UNLOGGED, or LOGGED with asynchronous commit. Left at the
+        /// default, an existing UNLOGGED table is kept with a warning; chosen here, `migrate()`
+        /// refuses a table persisted otherwise.
         pub fn table_mode(mut self, mode: $crate::TableMode) -> Self {
             self.table.mode = mode;
+            self.table.mode_chosen = true;
             self
         }
 
@@ -105,6 +112,8 @@ fn validate_schedule(schedule: &str) -> Result<(), PostgresStoreError> {
 pub(crate) struct Table {
     pub(crate) name: TableName,
     pub(crate) mode: TableMode,
+    /// The mode was chosen, not left at the default.
+    pub(crate) mode_chosen: bool,
     /// The SQL text of every step, which both drivers send as it is.
     pub(crate) statements: Statements,
     pub(crate) purge_schedule: String,

@@ -105,7 +105,7 @@ mod postgres {
 
         let psql_dump = dump(&psql_url);
         assert!(
-            psql_dump.contains("CREATE UNLOGGED TABLE public.idempotency_keys (")
+            psql_dump.contains("CREATE TABLE public.idempotency_keys (")
                 && psql_dump.contains("idempotency_keys_expires_at_idx")
                 && psql_dump.contains("CREATE TABLE public.idempotency_keys_migrations (")
                 && psql_dump.contains("autovacuum_vacuum_scale_factor='0.01'"),

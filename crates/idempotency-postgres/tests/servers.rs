@@ -484,17 +484,17 @@ mod postgres {
             applied, 2,
             "each migration (0001, 0003; no pg_cron here) is applied by exactly one instance"
         );
-        let logged = PostgresStore::builder(&url)
+        let unlogged = PostgresStore::builder(&url)
             .schema(&schema)
-            .table_mode(TableMode::Logged)
+            .table_mode(TableMode::Unlogged)
             .build()
             .await
             .expect("build");
-        match logged.migrate().await {
+        match unlogged.migrate().await {
             Err(PostgresStoreError::TableModeMismatch {
                 expected, found, ..
             }) => {
-                assert_eq!((expected, found), ("LOGGED", "UNLOGGED"))
+                assert_eq!((expected, found), ("UNLOGGED", "LOGGED"))
             }
             other => panic!("a mode mismatch must be refused, got {other:?}"),
         }
@@ -577,6 +577,7 @@ mod postgres {
         let promoted = standby.url("postgres");
         let unlogged = PostgresStore::builder(&promoted)
             .schema("fo_unlogged")
+            .table_mode(TableMode::Unlogged)
             .build()
             .await
             .expect("build on the promoted standby");
