@@ -90,16 +90,16 @@ mod postgres {
         let report = tokio.migrate().await.expect("migrate with tokio-postgres");
         assert!(report.applied.is_empty(), "{report}");
         assert_eq!(sqlx.statements().claim, tokio.statements().claim);
-        let logged = SqlxPostgresStore::builder(pool(url).await)
+        let unlogged = SqlxPostgresStore::builder(pool(url).await)
             .schema(schema.name())
-            .table_mode(TableMode::Logged)
+            .table_mode(TableMode::Unlogged)
             .build()
             .await
             .expect("build");
-        match logged.migrate().await {
+        match unlogged.migrate().await {
             Err(PostgresStoreError::TableModeMismatch {
                 expected, found, ..
-            }) => assert_eq!((expected, found), ("LOGGED", "UNLOGGED")),
+            }) => assert_eq!((expected, found), ("UNLOGGED", "LOGGED")),
             other => panic!("a mode mismatch must be refused, got {other:?}"),
         }
         schema.drop().await;
@@ -155,6 +155,7 @@ mod postgres {
             .unwrap_or_else(|e| panic!("could not start a throwaway PostgreSQL: {e}"));
         let url = primary.url("postgres");
         let store = SqlxPostgresStore::builder(pool(&url).await)
+            .table_mode(TableMode::Unlogged)
             .build()
             .await
             .expect("build on the primary");
