@@ -47,6 +47,7 @@ mod fingerprint;
 mod json;
 mod key;
 mod record;
+mod redact;
 mod response;
 mod scope;
 mod state_loss;
@@ -67,6 +68,7 @@ pub use fingerprint::{
 pub use json::{JsonPointer, JsonPointerError};
 pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
+pub use redact::redact_credentials;
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
 pub use state_loss::StateLoss;

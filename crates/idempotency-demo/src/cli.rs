@@ -12,7 +12,12 @@ struct Args {
     listen: SocketAddr,
     /// Idempotency store: `memory` (embedded, nothing to set up), `postgres://...` (tasks and
     /// keys in that database), `redis://...` or `redis+cluster://host:port,host:port`.
-    #[arg(long, env = "IDEMPOTENCY_STORE", default_value = "memory")]
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_STORE",
+        default_value = "memory",
+        hide_env_values = true
+    )]
     store: String,
     /// Idempotency lease in seconds: how long the key of a request whose process died stays
     /// blocked before a retry may run it.

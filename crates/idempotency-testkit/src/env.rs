@@ -39,6 +39,7 @@ pub fn server_unreachable(server: &str, url: &str, error: &dyn std::error::Error
             .to_owned(),
         _ => "start it".to_owned(),
     };
+    let url = idempotency_core::redact_credentials(url);
     panic!(
         "{server} is not usable at {url}: {cause}\n\
          Store tests run against the real server and never skip: {how}. \

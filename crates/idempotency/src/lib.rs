@@ -1,8 +1,18 @@
 //! Idempotency-Key handling for Rust web services: a retried `POST`, `PATCH` or `DELETE` runs
 //! its side effect once, and the retry gets the first response back, byte for byte.
 //!
-//! Add this crate, pick a store with a feature (`memory`, the default; `postgres`; `redis`;
-//! `full`), and wrap your router in the layer:
+//! Add this crate, pick a store with a feature, and wrap your router's routes in the layer:
+//!
+//! | feature | what it adds |
+//! | --- | --- |
+//! | `memory` (default) | the in-process store, and the local replay tier |
+//! | `postgres` | the PostgreSQL store on tokio-postgres and deadpool-postgres |
+//! | `sqlx` | the PostgreSQL store on your `sqlx::PgPool` (implies `postgres`) |
+//! | `postgres-tls` | TLS for PostgreSQL (rustls; `sslmode` in the URL) |
+//! | `redis` | the Redis store (single node and Cluster) |
+//! | `redis-tls` | TLS for Redis (rustls; `rediss://`) |
+//! | `axum` | the `Tx` extractor: a handler's writes in the request's idempotency transaction |
+//! | `full` | all of the above |
 //!
 //! ```
 //! use axum::{Router, routing::post};
@@ -10,7 +20,7 @@
 //!
 //! let app: Router = Router::new()
 //!     .route("/tasks", post(|| async { "created" }))
-//!     .layer(
+//!     .route_layer( // the matched routes only: an unknown path stays 404
 //!         IdempotencyLayer::builder(MemoryStore::default())
 //!             .scope_from_extension::<uuid::Uuid>() // the user id your auth layer inserted
 //!             .build(),
@@ -54,7 +64,8 @@ pub use idempotency_redis::{self as redis, RedisStore};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// The URL's scheme names no store this build has (see the crate features).
+    /// The URL's scheme names no store this build has (see the crate features). Holds the
+    /// scheme only, never the rest of the URL (which may carry a password).
     #[error(
         "unsupported store {0:?}: use `memory`, `postgres://...` (feature `postgres`) or `redis://...` (feature `redis`)"
     )]
@@ -87,7 +98,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn IdempotencyStore>, ConnectErro
         "redis+cluster" | "rediss+cluster" => Ok(Arc::new(
             RedisStore::connect_cluster(cluster_nodes(url)).await?,
         )),
-        _ => Err(ConnectError::Unsupported(url.to_owned())),
+        _ => Err(ConnectError::Unsupported(
+            redact_credentials(scheme).into_owned(),
+        )),
     }
 }
 
