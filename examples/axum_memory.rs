@@ -20,11 +20,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Clone)]
 struct User(String);
 
-impl From<User> for Scope {
-    fn from(user: User) -> Scope {
-        // A user name is a valid scope unless it has control characters; the auth layer below
-        // only lets visible ASCII through.
-        Scope::new(user.0).unwrap_or_else(|_| Scope::unscoped())
+/// A user name is a valid scope unless it has control characters or is too long: the
+/// conversion can fail, so it is `TryFrom`, and the layer answers such a request with 401
+/// `scope-invalid`. Never fall back to `Scope::unscoped()` here: that would put every such user
+/// in one shared key space, where one user is replayed another's responses.
+impl TryFrom<User> for Scope {
+    type Error = idempotency::ScopeError;
+    fn try_from(user: User) -> Result<Scope, Self::Error> {
+        Scope::new(user.0)
     }
 }
 
@@ -60,7 +63,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build();
     let app = Router::new()
         .route("/orders", post(create_order))
-        .layer(idempotency)
+        // `route_layer`: the matched routes only, so an unknown path stays 404.
+        .route_layer(idempotency)
         .layer(middleware::from_fn(authenticate))
         .layer(Extension(Arc::new(AtomicU64::new(0))));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;

@@ -86,7 +86,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let app = Router::new()
         .route("/orders", post(create_order))
-        .layer(
+        // `route_layer`: the matched routes only, so an unknown path stays 404.
+        .route_layer(
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<UserId>()
                 .build(),

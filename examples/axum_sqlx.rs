@@ -97,10 +97,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lease = arg("--lease").map_or(Ok(60), |s| s.parse())?;
     let app = Router::new()
         .route("/orders", post(create_order))
-        .layer(
+        // `route_layer`: the matched routes only, so an unknown path stays 404.
+        .route_layer(
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<UserId>()
                 .lease(Duration::from_secs(lease))
+                // Store calls bounded well inside a short lease: at most a third of it.
+                .store_timeout(Duration::from_secs(5).min(Duration::from_secs(lease) / 3))
                 .build(),
         )
         .layer(middleware::from_fn(authenticate));

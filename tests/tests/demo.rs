@@ -276,3 +276,71 @@ mod redis {
         super::the_task_api_runs_each_write_once(&redis_url()).await;
     }
 }
+
+/// On the memory store the demo bounds its task list: one user's flood of creates ends in
+/// `507 task-list-full` at the per-user limit (not in the process's memory), that refusal is
+/// not stored (a retry after a delete runs), and other users are not affected. Unmatched paths
+/// stay 404.
+#[tokio::test]
+async fn the_memory_task_list_is_bounded_per_user() {
+    use idempotency_demo::tasks::MAX_MEMORY_TASKS_PER_USER;
+    let app = idempotency_demo::build_app("memory").await.unwrap();
+    let flooder = uuid::Uuid::new_v4().to_string();
+    let mut last = None;
+    for i in 0..MAX_MEMORY_TASKS_PER_USER {
+        let key = format!("flood-{i}");
+        let (status, _, body) = call(
+            &app,
+            Method::POST,
+            "/tasks",
+            &flooder,
+            Some(&key),
+            r#"{"title":"t"}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{i}");
+        last = Some(json(&body)["id"].as_str().unwrap().to_owned());
+    }
+    let one_more = |key: &'static str| {
+        let (app, flooder) = (app.clone(), flooder.clone());
+        async move {
+            call(
+                &app,
+                Method::POST,
+                "/tasks",
+                &flooder,
+                Some(key),
+                r#"{"title":"t"}"#,
+            )
+            .await
+        }
+    };
+    let (status, _, body) = one_more("flood-over").await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE);
+    assert_eq!(
+        json(&body)["type"],
+        "urn:idempotency-demo:problem:task-list-full"
+    );
+    // Another user still creates tasks.
+    let other = uuid::Uuid::new_v4().to_string();
+    let (status, _, _) = call(
+        &app,
+        Method::POST,
+        "/tasks",
+        &other,
+        Some("k"),
+        r#"{"title":"t"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // After a delete, the same key runs: the 507 was not stored.
+    let path = format!("/tasks/{}", last.unwrap());
+    let (status, _, _) = call(&app, Method::DELETE, &path, &flooder, Some("del"), "").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, headers, _) = one_more("flood-over").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    // A path that matches no route is the router's 404, not a key error.
+    let (status, _, _) = call(&app, Method::POST, "/nope", &flooder, None, "{}").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

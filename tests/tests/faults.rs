@@ -157,6 +157,7 @@ async fn heartbeat_prevents_the_steal(backend: Backend) {
     let runs = Runs::default();
     let app = counting_app_with(ns.store().await, &runs, |b| {
         b.lease(Duration::from_millis(1000))
+            .store_timeout(Duration::from_millis(300))
     });
     let (k, u) = (key(), user());
     let first = tokio::spawn({

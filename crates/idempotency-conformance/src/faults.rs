@@ -63,6 +63,9 @@ pub enum Fault {
     /// Reaches the store (the change is made), then waits this long before answering: a reply
     /// lost or delayed on the way back.
     DelayAfter(Duration),
+    /// Reaches the store (the change is made), then answers that a record is corrupt: a store
+    /// that answered, with an error no retry fixes.
+    Corrupt,
 }
 
 /// Wraps a store and applies the faults set per [`Op`]; counts every call per op.
@@ -132,6 +135,13 @@ impl<S> FaultyStore<S> {
                 let result = call.await;
                 tokio::time::sleep(delay).await;
                 result
+            }
+            Some(Fault::Corrupt) => {
+                let _ = call.await;
+                Err(StoreError::Corrupt {
+                    backend: "faulty",
+                    source: idempotency_core::CorruptRecord::Field("injected fault: corrupt"),
+                })
             }
         }
     }

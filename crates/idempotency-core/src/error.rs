@@ -46,6 +46,17 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The store took the write, but it did not reach as many replicas as configured within
+    /// the bound (Redis `wait_for_replicas`): the store is reachable, the write may not be
+    /// durable. Retrying later may help.
+    #[error("the {backend} idempotency store's write was not replicated in time")]
+    NotReplicated {
+        /// Which store.
+        backend: &'static str,
+        /// How far the replication got.
+        #[source]
+        source: BoxError,
+    },
     /// A stored record could not be decoded.
     #[error("a record in the {backend} idempotency store is corrupt")]
     Corrupt {
@@ -78,7 +89,22 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            StoreError::Unavailable { .. } | StoreError::Timeout { .. } | StoreError::Full { .. }
+            StoreError::Unavailable { .. }
+                | StoreError::Timeout { .. }
+                | StoreError::Full { .. }
+                | StoreError::NotReplicated { .. }
+        )
+    }
+
+    /// True when the store could not be reached at all, or did not answer in time: the only
+    /// failures after which the layer's `fail_open` runs a request without idempotency. A
+    /// store that answered (a corrupt record, which exists and may be completed; a full store;
+    /// a write short of its replicas; a query error) is never a reason to run a request
+    /// unguarded.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Timeout { .. }
         )
     }
 
@@ -89,6 +115,7 @@ impl StoreError {
             | StoreError::Timeout { backend, .. }
             | StoreError::Full { backend, .. }
             | StoreError::Backend { backend, .. }
+            | StoreError::NotReplicated { backend, .. }
             | StoreError::Corrupt { backend, .. } => backend,
         }
     }

@@ -32,8 +32,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use idempotency::{
-    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope,
-    TableMode, Tx,
+    ClaimMode, Drain, EngineConfig, IdempotencyLayer, IdempotencyStore, PgTransaction,
+    PostgresStore, Scope, TableMode, Tx,
 };
 use serde::Deserialize;
 use std::sync::Arc;
@@ -172,6 +172,11 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .scope_from_extension::<UserId>()
         .claim_mode(claim_mode)
         .lease(options.lease)
+        // A short `--lease` (the crash tests use seconds) needs store calls bounded well inside
+        // it: at most a third of the lease, and never more than the 5 s default.
+        .store_timeout(
+            Duration::from_secs(5).min(options.lease / EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS),
+        )
         .retention(options.retention)
         .build();
     let drain = idempotency.drain();
@@ -181,7 +186,8 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
             "/tasks/{id}",
             get(get_task).patch(update_task).delete(delete_task),
         )
-        .layer(idempotency)
+        // The matched routes only: an unknown path stays 404, never a stored answer.
+        .route_layer(idempotency)
         // Added last, so it runs first: the idempotency layer needs the user.
         .layer(middleware::from_fn(authenticate))
         .with_state(tasks);
@@ -247,6 +253,15 @@ impl IntoResponse for ApiError {
                 "not-found",
                 "No such task",
                 "You have no task with this id.",
+            ),
+            ApiError::Storage(TaskStoreError::Full { limit, whose }) => problem(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "task-list-full",
+                "Task list full",
+                format!(
+                    "The demo keeps at most {limit} tasks {whose} in memory; delete some, or \
+                     run it on PostgreSQL (--store postgres://...)."
+                ),
             ),
             ApiError::Storage(error) if error.is_unavailable() => {
                 tracing::warn!(error = %idempotency::ErrorChain(&error), "task storage unavailable");

@@ -25,9 +25,24 @@ pub struct Task {
     pub created_at: String,
 }
 
+/// At most this many tasks per user in memory: a flood of creates from one user fills its own
+/// list, not the process's memory.
+pub const MAX_MEMORY_TASKS_PER_USER: usize = 1_000;
+/// At most this many tasks in memory over all users (with titles of at most 200 characters,
+/// some tens of MB).
+pub const MAX_MEMORY_TASKS: usize = 100_000;
+
 /// A task store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskStoreError {
+    /// The in-memory task list is full (for this user, or for everyone).
+    #[error("the in-memory task list holds at most {limit} tasks {whose}")]
+    Full {
+        /// The limit reached.
+        limit: usize,
+        /// `per user` or `in all`.
+        whose: &'static str,
+    },
     /// PostgreSQL failed.
     #[error("task storage failed")]
     Postgres {
@@ -45,6 +60,7 @@ impl TaskStoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             TaskStoreError::Postgres { unavailable, .. } => *unavailable,
+            TaskStoreError::Full { .. } => false,
         }
     }
 }
@@ -70,10 +86,17 @@ fn pool<E: std::error::Error + Send + Sync + 'static>(e: E) -> TaskStoreError {
 /// Tasks per user.
 #[derive(Clone, Debug)]
 pub enum TaskStore {
-    /// In this process only.
-    Memory(Arc<Mutex<HashMap<Uuid, Vec<Task>>>>),
+    /// In this process only, bounded ([`MAX_MEMORY_TASKS_PER_USER`], [`MAX_MEMORY_TASKS`]).
+    Memory(Arc<Mutex<MemoryTasks>>),
     /// In the `tasks` table, shared by every process on the database.
     Postgres(Pool),
+}
+
+/// The tasks kept in memory, per user, and how many there are in all.
+#[derive(Debug, Default)]
+pub struct MemoryTasks {
+    by_user: HashMap<Uuid, Vec<Task>>,
+    count: usize,
 }
 
 const COLUMNS: &str =
@@ -117,9 +140,7 @@ impl TaskStore {
         Ok(TaskStore::Postgres(pool))
     }
 
-    fn locked(
-        map: &Mutex<HashMap<Uuid, Vec<Task>>>,
-    ) -> std::sync::MutexGuard<'_, HashMap<Uuid, Vec<Task>>> {
+    fn locked(map: &Mutex<MemoryTasks>) -> std::sync::MutexGuard<'_, MemoryTasks> {
         map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -144,10 +165,22 @@ impl TaskStore {
                     created_at: humantime::format_rfc3339_micros(std::time::SystemTime::now())
                         .to_string(),
                 };
-                Self::locked(map)
-                    .entry(user)
-                    .or_default()
-                    .push(task.clone());
+                let mut map = Self::locked(map);
+                if map.count >= MAX_MEMORY_TASKS {
+                    return Err(TaskStoreError::Full {
+                        limit: MAX_MEMORY_TASKS,
+                        whose: "in all",
+                    });
+                }
+                let tasks = map.by_user.entry(user).or_default();
+                if tasks.len() >= MAX_MEMORY_TASKS_PER_USER {
+                    return Err(TaskStoreError::Full {
+                        limit: MAX_MEMORY_TASKS_PER_USER,
+                        whose: "per user",
+                    });
+                }
+                tasks.push(task.clone());
+                map.count += 1;
                 Ok(task)
             }
         }
@@ -156,7 +189,11 @@ impl TaskStore {
     /// The user's tasks, oldest first.
     pub async fn list(&self, user: Uuid) -> Result<Vec<Task>, TaskStoreError> {
         match self {
-            TaskStore::Memory(map) => Ok(Self::locked(map).get(&user).cloned().unwrap_or_default()),
+            TaskStore::Memory(map) => Ok(Self::locked(map)
+                .by_user
+                .get(&user)
+                .cloned()
+                .unwrap_or_default()),
             TaskStore::Postgres(pool) => {
                 sql::list(&*pool.get().await.map_err(self::pool)?, user).await
             }
@@ -167,6 +204,7 @@ impl TaskStore {
     pub async fn get(&self, user: Uuid, id: Uuid) -> Result<Option<Task>, TaskStoreError> {
         match self {
             TaskStore::Memory(map) => Ok(Self::locked(map)
+                .by_user
                 .get(&user)
                 .and_then(|tasks| tasks.iter().find(|t| t.id == id).cloned())),
             TaskStore::Postgres(pool) => {
@@ -193,6 +231,7 @@ impl TaskStore {
             (None, TaskStore::Memory(map)) => {
                 let mut map = Self::locked(map);
                 let Some(task) = map
+                    .by_user
                     .get_mut(&user)
                     .and_then(|t| t.iter_mut().find(|t| t.id == id))
                 else {
@@ -223,12 +262,19 @@ impl TaskStore {
             }
             (None, TaskStore::Memory(map)) => {
                 let mut map = Self::locked(map);
-                let Some(tasks) = map.get_mut(&user) else {
+                let Some(tasks) = map.by_user.get_mut(&user) else {
                     return Ok(false);
                 };
                 let before = tasks.len();
                 tasks.retain(|t| t.id != id);
-                Ok(tasks.len() < before)
+                let deleted = tasks.len() < before;
+                if tasks.is_empty() {
+                    map.by_user.remove(&user);
+                }
+                if deleted {
+                    map.count -= 1;
+                }
+                Ok(deleted)
             }
         }
     }

@@ -183,8 +183,9 @@ impl fmt::Display for MigrationReport {
             PurgeJob::PgCronUnavailable { database } => write!(
                 f,
                 "; pg_cron is not installed in database {database:?}, so no purge job was \
-                 scheduled: call PostgresStore::purge_expired periodically (expired keys are \
-                 already ignored on read; purging only reclaims space), or install pg_cron \
+                 scheduled: spawn idempotency::purge_periodically(&store, ..) or run \
+                 `idempotency purge` from cron (expired keys are already ignored on read; \
+                 purging only reclaims space), or install pg_cron \
                  (shared_preload_libraries = 'pg_cron', CREATE EXTENSION pg_cron) and migrate again"
             ),
         }
@@ -320,7 +321,7 @@ pub(crate) async fn migrate_in(
             .unwrap_or_default();
         tracing::warn!(
             %database,
-            "pg_cron is not installed: no purge job scheduled; call purge_expired periodically"
+            "pg_cron is not installed: no purge job scheduled; spawn purge_periodically (or run `idempotency purge` from cron)"
         );
         PurgeJob::PgCronUnavailable { database }
     };

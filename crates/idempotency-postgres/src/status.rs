@@ -37,7 +37,7 @@ pub struct StoreStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PurgeStatus {
-    /// pg_cron is not installed in this database: purge with `purge_expired` (or
+    /// pg_cron is not installed in this database: purge with `purge_periodically` (or
     /// `idempotency purge`) instead.
     PgCronNotInstalled,
     /// pg_cron is installed but no job of this name exists (never scheduled, or unscheduled).

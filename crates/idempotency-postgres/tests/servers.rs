@@ -31,6 +31,8 @@ mod postgres {
 
     /// A throwaway cluster with pg_cron loaded and its extension created, and a connection to it.
     async fn pg_cron_cluster() -> (TempPostgres, tokio_postgres::Client) {
+        idempotency_testkit::require_library("pg_cron", "postgresql-{version}-cron")
+            .unwrap_or_else(|e| panic!("{e}"));
         let pg = cluster(&[
             "shared_preload_libraries=pg_cron",
             "cron.database_name=postgres",
@@ -372,7 +374,7 @@ mod postgres {
             report.purge_job,
             PurgeJob::PgCronUnavailable { .. }
         ));
-        assert!(report.to_string().contains("purge_expired"));
+        assert!(report.to_string().contains("purge_periodically"));
         let scope = Scope::new("u").expect("scope");
         let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new());
         for i in 0..10 {

@@ -173,7 +173,7 @@ impl RedisStore {
             return Ok(());
         }
         metrics::counter!("idempotency_redis_replica_wait_shortfalls_total").increment(1);
-        Err(StoreError::Unavailable {
+        Err(StoreError::NotReplicated {
             backend: BACKEND,
             source: format!(
                 "the {step} reached {acknowledged} of {} replicas within {:?}",

@@ -19,7 +19,7 @@ mod schema;
 mod tls;
 
 pub use pgbouncer::{PoolMode, TempPgBouncer};
-pub use postgres::TempPostgres;
+pub use postgres::{TempPostgres, require_library};
 pub use process::free_port;
 pub use redis::{TempRedis, TempRedisCluster};
 pub use schema::{TestSchema, drop_test_schema};

@@ -46,6 +46,30 @@ pub(crate) fn installed_version() -> Option<String> {
     Some(version.to_owned())
 }
 
+/// Fails, naming the Debian package to install, when the server binaries have no `library`
+/// (e.g. `pg_cron`) to preload: a test that needs it then says what is missing rather than
+/// "the server did not start".
+pub fn require_library(library: &str, debian_package: &str) -> io::Result<()> {
+    let bin = pg_bin_dir()?;
+    let lib = bin
+        .parent()
+        .map_or_else(|| PathBuf::from("lib"), |v| v.join("lib"))
+        .join(format!("{library}.so"));
+    if lib.exists() {
+        return Ok(());
+    }
+    let version = installed_version().unwrap_or_else(|| "<version>".to_owned());
+    let package = debian_package.replace("{version}", &version);
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "{library} is not installed ({} is missing): install it with `apt-get install \
+             {package}` (`scripts/services.sh --install` does)",
+            lib.display()
+        ),
+    ))
+}
+
 impl TempPostgres {
     /// Creates and starts a cluster. `settings` are extra `-c name=value` server settings,
     /// given as `name=value`.

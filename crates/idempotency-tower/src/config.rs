@@ -10,7 +10,9 @@ use std::sync::Arc;
 /// The default prefix of problem `type` URIs.
 pub(crate) const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:idempotency:problem:";
 
-type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+/// A request's scope: `Ok(None)` when it has no principal (401 `scope-missing`), `Err` with why
+/// when its principal cannot form a scope (401 `scope-invalid`): never a shared scope.
+type ScopeFn = Arc<dyn Fn(&Parts) -> Result<Option<Scope>, String> + Send + Sync>;
 pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 pub(crate) type CoverFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
@@ -20,7 +22,7 @@ pub(crate) type CoverFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 pub(crate) enum ScopeSource {
     /// Every caller shares one key space (the dangerous opt-out).
     Unscoped,
-    /// Taken from the request; `None` refuses the request with 401.
+    /// Taken from the request; a request without one is refused with 401.
     Extract(ScopeFn),
 }
 

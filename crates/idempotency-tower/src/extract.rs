@@ -108,9 +108,16 @@ impl IntoResponse for TxRejection {
                 Problem::TransactionUnavailable
             }
         };
+        // Rendered here for a route the layer does not cover; the layer renders it again with
+        // its own profile and renderer, and never stores it (`LibraryRefusal`).
         let renderer: crate::RenderRefusal = std::sync::Arc::new(|refusal| {
             problem_json(refusal, crate::config::DEFAULT_PROBLEM_TYPE_BASE)
         });
-        render(&problem.refusal(Profile::default()), &renderer).map(axum_core::body::Body::new)
+        let mut response = render(&problem.clone().refusal(Profile::default()), &renderer)
+            .map(axum_core::body::Body::new);
+        response
+            .extensions_mut()
+            .insert(crate::refusal::LibraryRefusal(problem));
+        response
     }
 }

@@ -124,17 +124,47 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
         self,
         extract: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
     ) -> IdempotencyLayerBuilder<S, ScopeSet> {
-        self.with_scope(ScopeSource::Extract(Arc::new(extract)))
+        self.with_scope(ScopeSource::Extract(Arc::new(move |parts| {
+            Ok(extract(parts))
+        })))
     }
 
     /// Takes each request's scope from the request extension of type `T` (for example the
-    /// `Scope` or the user's `uuid::Uuid` that the authentication layer inserted).
+    /// `Scope` or the user's `uuid::Uuid` that the authentication layer inserted), converted
+    /// with `Scope: TryFrom<T>`, so an infallible `From<T> for Scope` works too. A request
+    /// without the extension is refused with 401 `scope-missing`; one whose value the
+    /// conversion refuses, with 401 `scope-invalid` (and a warning in the log): never a shared
+    /// scope. Write `TryFrom` when the value may not make a valid [`Scope`] (a user name with
+    /// control characters, say), never a `From` that falls back to [`Scope::unscoped`]:
+    ///
+    /// ```
+    /// use idempotency_core::{Scope, ScopeError};
+    ///
+    /// #[derive(Clone)]
+    /// struct User(String); // put in the request extensions by your authentication layer
+    ///
+    /// impl TryFrom<User> for Scope {
+    ///     type Error = ScopeError;
+    ///     fn try_from(user: User) -> Result<Scope, ScopeError> {
+    ///         Scope::new(user.0)
+    ///     }
+    /// }
+    /// ```
     pub fn scope_from_extension<T>(self) -> IdempotencyLayerBuilder<S, ScopeSet>
     where
         T: Clone + Send + Sync + 'static,
-        Scope: From<T>,
+        Scope: TryFrom<T>,
+        <Scope as TryFrom<T>>::Error: std::fmt::Display,
     {
-        self.scope_with(|parts| parts.extensions.get::<T>().cloned().map(Scope::from))
+        self.with_scope(ScopeSource::Extract(Arc::new(|parts: &Parts| {
+            parts
+                .extensions
+                .get::<T>()
+                .cloned()
+                .map(Scope::try_from)
+                .transpose()
+                .map_err(|e| e.to_string())
+        })))
     }
 
     /// **Dangerous.** Every caller shares one key space: a caller who learns or guesses another
@@ -156,6 +186,11 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
 
 impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
     /// Builds the layer.
+    ///
+    /// # Panics
+    ///
+    /// When the engine settings cannot run a request safely ([`EngineConfig::check`]): with
+    /// the heartbeat on, a lease shorter than three store timeouts.
     pub fn build(self) -> IdempotencyLayer<S> {
         if self.engine.claim_mode == ClaimMode::OneTransaction
             && !self
@@ -210,7 +245,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// How long an in-flight claim holds its key without a heartbeat (default 60 s). From the
+    /// How long an in-flight claim holds its key without a heartbeat (default 60 s; with the
+    /// heartbeat on, at least three store timeouts, or `build()` panics). From the
     /// claim until the response is stored, the heartbeat extends it every third of its length;
     /// it bounds how long the key of a crashed or hung worker stays blocked, and how long a
     /// response whose storing failed is retried in the background.
@@ -255,6 +291,14 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// is not a store call: it is not bounded by the store timeout.
     pub fn in_flight_wait(mut self, wait: Duration) -> Self {
         self.engine.in_flight_wait = wait;
+        self
+    }
+
+    /// The longest `Retry-After` a `409 in-flight` suggests (default 1 s; never more than the
+    /// running request's remaining lease). Set it near your slowest route's usual handler time:
+    /// a client that honours `Retry-After` waits this long per duplicate.
+    pub fn in_flight_retry_after(mut self, hint: Duration) -> Self {
+        self.engine.in_flight_retry_after = hint;
         self
     }
 

@@ -16,7 +16,9 @@
 //!     .build();
 //! let app: Router = Router::new()
 //!     .route("/tasks", post(|| async { "created" }))
-//!     .layer(idempotency); // add the authentication layer after this one, so it runs first
+//!     // The matched routes only (an unknown path stays 404); add the authentication layer
+//!     // after this one, so it runs first.
+//!     .route_layer(idempotency);
 //! ```
 //!
 //! # What it answers

@@ -33,6 +33,8 @@ pub enum RefusalKind {
     KeyRepeated,
     /// No authenticated principal to scope the key (401).
     ScopeMissing,
+    /// The authenticated principal cannot form a scope (401).
+    ScopeInvalid,
     /// The same request is still running (409, `Retry-After`).
     InFlight,
     /// The key was used with a different request (422; Stripe profile 400).
@@ -136,7 +138,15 @@ pub fn stripe_error(refusal: &Refusal) -> Response<Bytes> {
             "message": refusal.detail,
         }
     });
-    json_response(refusal.status, "application/json", body)
+    let mut response = json_response(refusal.status, "application/json", body);
+    // Stripe's own hint to its SDKs: a duplicate in flight, or the store or commit failing,
+    // is worth retrying (with the same key) after `Retry-After`.
+    if refusal.retry_after.is_some() {
+        response
+            .headers_mut()
+            .insert("stripe-should-retry", HeaderValue::from_static("true"));
+    }
+    response
 }
 
 fn json_response(
@@ -157,13 +167,23 @@ pub(crate) fn retry_after_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0).max(u64::from(d.is_zero()))
 }
 
+/// Put in the extensions of a response the library made inside the handler (a [`TxRejection`]'s):
+/// the layer never stores such a response as the key's result (it releases the key, so the
+/// retry runs), and renders it again with its own profile and renderer.
+///
+/// [`TxRejection`]: crate::TxRejection
+#[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+pub(crate) struct LibraryRefusal(pub(crate) Problem);
+
 /// Every refusal the layer makes, with what it needs to say.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Problem {
     KeyMissing,
     KeyInvalid(KeyError),
     KeyRepeated,
     ScopeMissing,
+    ScopeInvalid,
     InFlight {
         retry_after: Duration,
     },
@@ -198,6 +218,7 @@ impl Problem {
             Problem::KeyInvalid(_) => RefusalKind::KeyInvalid,
             Problem::KeyRepeated => RefusalKind::KeyRepeated,
             Problem::ScopeMissing => RefusalKind::ScopeMissing,
+            Problem::ScopeInvalid => RefusalKind::ScopeInvalid,
             Problem::InFlight { .. } => RefusalKind::InFlight,
             Problem::Mismatch => RefusalKind::Mismatch,
             Problem::BodyTooLarge { .. } => RefusalKind::BodyTooLarge,
@@ -236,7 +257,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST,
                 "key-invalid",
                 "Idempotency-Key is invalid",
-                format!("{e}."),
+                sentence(e),
                 "idempotency_key_invalid",
             ),
             Problem::KeyRepeated => (
@@ -252,6 +273,13 @@ impl Problem {
                 "No authenticated principal",
                 "Idempotency keys are scoped per caller, and this request has no authenticated caller.".into(),
                 "idempotency_scope_missing",
+            ),
+            Problem::ScopeInvalid => (
+                StatusCode::UNAUTHORIZED,
+                "scope-invalid",
+                "Unusable authenticated principal",
+                "Idempotency keys are scoped per caller, and this request's caller cannot be used as a scope.".into(),
+                "idempotency_scope_invalid",
             ),
             Problem::InFlight { .. } => (
                 StatusCode::CONFLICT,
@@ -340,6 +368,23 @@ pub(crate) fn render(refusal: &Refusal, render: &RenderRefusal) -> Response<Idem
             .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
     }
     response.map(full)
+}
+
+/// An error's message as a sentence for a problem's `detail`, like every other detail: its first
+/// letter capitalised and a full stop at the end (`the idempotency key is empty` becomes
+/// `The idempotency key is empty.`).
+fn sentence(error: &dyn std::fmt::Display) -> String {
+    let text = error.to_string();
+    let mut chars = text.chars();
+    let mut out = String::with_capacity(text.len() + 1);
+    if let Some(first) = chars.next() {
+        out.extend(first.to_uppercase());
+        out.push_str(chars.as_str());
+    }
+    if !out.ends_with('.') {
+        out.push('.');
+    }
+    out
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use crate::body::{
 };
 use crate::config::{ScopeSource, Shared};
 use crate::detach::DetachOnDrop;
-use crate::refusal::{Problem, render};
+use crate::refusal::{LibraryRefusal, Problem, render};
 use crate::route::{Outcome, Route};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -142,9 +142,17 @@ fn read_key<S>(parts: &Parts, shared: &Shared<S>) -> Result<Option<IdempotencyKe
 fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refused> {
     match &shared.scope {
         ScopeSource::Unscoped => Ok(Scope::unscoped()),
-        ScopeSource::Extract(extract) => {
-            extract(parts).ok_or(Refused(Problem::ScopeMissing, Outcome::ScopeMissing))
-        }
+        ScopeSource::Extract(extract) => match extract(parts) {
+            Ok(Some(scope)) => Ok(scope),
+            Ok(None) => Err(Refused(Problem::ScopeMissing, Outcome::ScopeMissing)),
+            Err(why) => {
+                tracing::warn!(
+                    why,
+                    "the request's principal cannot form an idempotency scope: refused with 401"
+                );
+                Err(Refused(Problem::ScopeInvalid, Outcome::ScopeMissing))
+            }
+        },
     }
 }
 
@@ -239,7 +247,9 @@ where
     async move {
         let request = Request::from_parts(parts, RequestBody::from_bytes(bytes));
         match shared.engine.begin(scope, key, fingerprint).await {
-            Err(error) if shared.settings.fail_open => {
+            // Only a store that could not be reached: one that answered (a corrupt record, a
+            // write short of its replicas) may hold this key's record.
+            Err(error) if shared.settings.fail_open && error.is_unreachable() => {
                 tracing::warn!(error = %ErrorChain(&error), "idempotency store failed; running without idempotency (fail open)");
                 Outcome::StoreErrorFailOpen.record(&route);
                 Ok(inner.call(request).await?.map(boxed))
@@ -314,6 +324,13 @@ where
                 }
             };
             let (parts, body) = response.into_parts();
+            if let Some(LibraryRefusal(problem)) = parts.extensions.get::<LibraryRefusal>() {
+                // The library answered inside the handler (a refused `Tx`): never the key's
+                // result. The key is released, so the retry runs; the answer is rendered the
+                // way the layer renders every refusal.
+                let _ = guard.release().await;
+                return Ok(answer(&shared, problem.clone()));
+            }
             if !guard.will_store(parts.status) || opted_out(&parts) {
                 // The policy does not keep this status, or the handler said not to: its
                 // transaction rolls back and the key is released, so the retry runs on a clean

@@ -288,7 +288,13 @@ async fn missing_malformed_and_repeated_keys_are_400_problems() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(problem(&body)["detail"].as_str().unwrap().contains("255"));
+    let detail = problem(&body)["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("255"), "{detail}");
+    // A sentence like every other detail.
+    assert!(
+        detail.starts_with("The idempotency key") && detail.ends_with('.'),
+        "{detail}"
+    );
 }
 
 /// The keys real clients send pass with the default settings, and their retries replay:
@@ -458,30 +464,54 @@ async fn duplicate_of_a_running_request(app: &Router) -> (tokio::task::JoinHandl
     (first, duplicate)
 }
 
+/// A duplicate of a running request gets 409 with a short `Retry-After` (default 1 s, or the
+/// configured hint), not the running request's remaining lease: a client that honours it
+/// stalled 29-30 s here before. The Stripe profile also says `Stripe-Should-Retry: true`.
 #[tokio::test]
-async fn a_concurrent_duplicate_gets_409_with_retry_after() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let app = app_with(
-        |b| b.lease(Duration::from_secs(30)),
-        MemoryStore::default(),
-        runs.clone(),
-    );
-    let (first, (status, headers, body)) = duplicate_of_a_running_request(&app).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    let retry_after: u64 = headers
-        .get(header::RETRY_AFTER)
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        (29..=30).contains(&retry_after),
-        "Retry-After {retry_after} must come from the lease"
-    );
-    assert_eq!(problem(&body)["type"], "urn:idempotency:problem:in-flight");
-    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+async fn a_concurrent_duplicate_gets_409_with_a_short_retry_after() {
+    for (hint, profile, expected) in [
+        (None, Profile::Ietf, 1),
+        (Some(Duration::from_secs(5)), Profile::Ietf, 5),
+        (None, Profile::Stripe, 1),
+    ] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app_with(
+            |b| {
+                let b = b.lease(Duration::from_secs(30)).profile(profile);
+                match hint {
+                    Some(hint) => b.in_flight_retry_after(hint),
+                    None => b,
+                }
+            },
+            MemoryStore::default(),
+            runs.clone(),
+        );
+        let (first, (status, headers, body)) = duplicate_of_a_running_request(&app).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        let retry_after: u64 = headers
+            .get(header::RETRY_AFTER)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(retry_after, expected, "{hint:?} {profile:?}");
+        match profile {
+            Profile::Stripe => {
+                assert_eq!(headers.get("stripe-should-retry").unwrap(), "true");
+                assert_eq!(
+                    serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]["code"],
+                    "idempotency_key_in_use"
+                );
+            }
+            _ => {
+                assert!(headers.get("stripe-should-retry").is_none());
+                assert_eq!(problem(&body)["type"], "urn:idempotency:problem:in-flight");
+            }
+        }
+        assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
 }
 
 #[tokio::test]
@@ -909,4 +939,115 @@ async fn a_full_evicting_memory_store_runs_an_evicted_key_again_and_replays_a_re
         sent + 1,
         "the evicted key ran once more"
     );
+}
+
+/// What the README's first snippet teaches: with `route_layer`, a path that matches no route
+/// stays the router's 404, with or without a key, and nothing is stored for it; with `layer`,
+/// the same request got `400 key-missing` (and, with a key, its 404 was stored and replayed).
+#[tokio::test]
+async fn unmatched_routes_stay_404_under_route_layer() {
+    let store = MemoryStore::default();
+    let layer = || {
+        IdempotencyLayer::builder(store.clone())
+            .scope_with(|req| {
+                req.extensions
+                    .get::<User>()
+                    .map(|u| Scope::new(u.0).unwrap())
+            })
+            .build()
+    };
+    let routes = || Router::new().route("/tasks", post(|| async { StatusCode::CREATED }));
+    let route_layered = routes().route_layer(layer());
+    let layered = routes().layer(layer());
+
+    let (status, _, _) = send(
+        &route_layered,
+        request(Method::POST, "/nope", None, Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for _ in 0..2 {
+        let (status, headers, _) = send(
+            &route_layered,
+            request(Method::POST, "/nope", Some(KEY), Some("alice"), "{}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(headers.get("idempotent-replayed").is_none());
+    }
+    let scope = Scope::new("alice").unwrap();
+    let key =
+        IdempotencyKey::parse(KEY.as_bytes(), idempotency_core::KeyFormat::default()).unwrap();
+    assert_eq!(
+        store.get(&scope, &key).await.unwrap(),
+        None,
+        "nothing stored"
+    );
+    // The matched route is covered.
+    let (status, _, _) = send(
+        &route_layered,
+        request(Method::POST, "/tasks", None, Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // What `layer` does instead: the fallback is covered too.
+    let (status, _, body) = send(
+        &layered,
+        request(Method::POST, "/nope", None, Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:key-missing"
+    );
+}
+
+/// A principal that cannot form a scope (a user name with a tab) is refused with 401
+/// `scope-invalid` through `scope_from_extension` and a `TryFrom` conversion: it never lands in
+/// a shared key space, so another user sending the same key gets their own answer.
+#[tokio::test]
+async fn a_principal_that_cannot_form_a_scope_is_refused_not_shared() {
+    #[derive(Clone)]
+    struct Name(&'static str);
+    impl TryFrom<Name> for Scope {
+        type Error = idempotency_core::ScopeError;
+        fn try_from(name: Name) -> Result<Scope, Self::Error> {
+            Scope::new(name.0)
+        }
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = Router::new()
+        .route(
+            "/tasks",
+            post(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (StatusCode::CREATED, format!("task {n}")) }
+            }),
+        )
+        .route_layer(
+            IdempotencyLayer::builder(MemoryStore::default())
+                .scope_from_extension::<Name>()
+                .build(),
+        );
+    let as_user = |name: &'static str| {
+        let mut req = request(Method::POST, "/tasks", Some(KEY), None, "{}");
+        req.extensions_mut().insert(Name(name));
+        req
+    };
+    let (status, _, body) = send(&app, as_user("mallory\tx")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:scope-invalid"
+    );
+    let (status, _, body) = send(&app, as_user("bob\tx")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body:?}");
+    // A valid user with the same key runs its own request.
+    let (status, headers, body) = send(&app, as_user("alice")).await;
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"task 1"[..]));
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

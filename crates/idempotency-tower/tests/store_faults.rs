@@ -151,6 +151,30 @@ async fn a_failed_completion_keeps_the_claim_and_stores_the_response_later() {
     }
 }
 
+/// `fail_open` runs a request unguarded only when the store cannot be reached. A store that
+/// answered with a corrupt record (which exists, and may be a completed request) gets 503 and
+/// the handler does not run; an unreachable one still fails open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_runs_nothing_when_the_store_answered() {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| b.fail_open(true));
+    // The first request completes; then its record reads as corrupt.
+    assert_eq!(send(&app, post_to("/orders")).await.0, StatusCode::CREATED);
+    store.set(Op::Claim, Fault::Corrupt);
+    let (status, _) = send(&app, post_to("/orders")).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a corrupt record is no reason to run the request again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran twice");
+    // Unreachable: fail open runs it (the documented trade).
+    store.set(Op::Claim, Fault::Fail);
+    assert_eq!(send(&app, post_to("/orders")).await.0, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 /// A duplicate that waits for the running request (`in_flight_wait`) longer than one store call
 /// may take is answered from the first request, never 503, and fail-open never runs it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +256,10 @@ async fn a_claim_cut_off_by_a_gone_client_is_released() {
 async fn duplicate_after_the_first_lease(path: &str) -> (StatusCode, (StatusCode, Bytes)) {
     let store = FaultyStore::new(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+            .store_timeout(Duration::from_millis(200))
+    });
     duplicate_after_the_first_lease_on(&app, &runs, path).await
 }
 
@@ -281,7 +308,10 @@ async fn a_handler_blocking_its_thread_keeps_its_lease() {
 async fn a_handler_blocking_its_thread_keeps_its_lease_after_other_requests() {
     let store = FaultyStore::new(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+            .store_timeout(Duration::from_millis(200))
+    });
     for i in 0..3 {
         let mut request = post_to("/orders");
         request.headers_mut().insert(
@@ -308,7 +338,10 @@ async fn a_handler_blocking_its_thread_keeps_its_lease_after_other_requests() {
 fn the_heartbeat_survives_the_runtime_that_started_it() {
     let store = FaultyStore::new(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+            .store_timeout(Duration::from_millis(200))
+    });
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -343,7 +376,10 @@ fn the_heartbeat_survives_the_runtime_that_started_it() {
 fn the_heartbeat_survives_a_runtime_that_never_ran_its_driver() {
     let store = FaultyStore::new(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = app(&store, &runs, |b| b.lease(Duration::from_millis(600)));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+            .store_timeout(Duration::from_millis(200))
+    });
     // A runtime nobody drives: the request runs on this thread, so the driver task it spawns
     // is never polled before the runtime goes away.
     let first = tokio::runtime::Builder::new_current_thread()
@@ -393,6 +429,42 @@ fn poll_here<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
+/// Extensions that reach the store but whose answers come after the store timeout (a slow
+/// link) are errors to the heartbeat, though the store's lease was extended each time. The
+/// heartbeat keeps trying after the lease ran out by this process's clock, its next extension
+/// lands, and the request keeps its key: a retry gets 409 and the handler runs once. (Before,
+/// the heartbeat gave up at the local deadline, the store's lease then ran out while the
+/// request was still sending its body, and the retry ran it a second time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_whose_answers_time_out_keeps_trying_after_the_local_deadline() {
+    let store = FaultyStore::new(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(&store, &runs, |b| {
+        b.lease(Duration::from_millis(600))
+            .store_timeout(Duration::from_millis(200))
+    });
+    store.set(Op::Extend, Fault::DelayAfter(Duration::from_millis(300)));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post_to("/streaming")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    store.clear(Op::Extend);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (duplicate, _) = send(&app, post_to("/streaming")).await;
+    assert_eq!(
+        duplicate,
+        StatusCode::CONFLICT,
+        "the running request was taken over"
+    );
+    let (status, body) = first.await.unwrap();
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CREATED, &b"1.0 1.1 1.2 "[..])
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran twice");
+}
+
 /// A response whose body takes longer than the lease to arrive keeps its key until the body is
 /// stored: the heartbeat covers the whole request, not only the handler's head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,6 +492,7 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
     let layer = IdempotencyLayer::builder(store.clone())
         .scope_with(|_| Some(Scope::new("alice").unwrap()))
         .lease(Duration::from_millis(600))
+        .store_timeout(Duration::from_millis(200))
         .build();
     let inner = store.inner().clone();
     let app = Router::new()

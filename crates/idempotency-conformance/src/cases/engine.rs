@@ -103,6 +103,7 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
         store,
         EngineConfig::default()
             .with_lease(Duration::from_millis(1500))
+            .with_store_timeout(Duration::from_millis(500))
             .with_heartbeat(true),
     );
     let (s, k, fp) = (scope("heartbeat"), key(), fingerprint("a"));

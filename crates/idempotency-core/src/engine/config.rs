@@ -115,6 +115,35 @@ pub struct EngineConfig {
     pub store_timeout: Duration,
     /// How a proceeding request holds its key. Default [`ClaimMode::Lease`].
     pub claim_mode: ClaimMode,
+    /// The longest wait a duplicate of a running request is told to make before retrying (its
+    /// `Retry-After`): the running request's remaining lease, at most this. The remaining lease
+    /// is no estimate of when the request will finish (most finish in milliseconds, and the
+    /// heartbeat keeps the lease near its full length), so a client that honoured it stalled a
+    /// whole lease (59 s of the default 60) per duplicate. Default 1 s.
+    pub in_flight_retry_after: Duration,
+}
+
+impl EngineConfig {
+    /// With the heartbeat on, the lease must last at least this many store timeouts: the
+    /// heartbeat extends it every third of its length, so a lease of three store timeouts
+    /// survives one extension that hangs for a whole timeout, and is retried before it ends.
+    pub const MIN_LEASE_IN_STORE_TIMEOUTS: u32 = 3;
+
+    /// Why this configuration cannot run a request safely, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let floor = self.store_timeout * Self::MIN_LEASE_IN_STORE_TIMEOUTS;
+        if self.heartbeat && self.claim_mode == ClaimMode::Lease && self.lease < floor {
+            return Err(format!(
+                "the lease ({:?}) must last at least {} store timeouts ({floor:?} with a store \
+                 timeout of {:?}), or one hung heartbeat lets a live request's key be taken \
+                 over: lengthen the lease or shorten the store timeout",
+                self.lease,
+                Self::MIN_LEASE_IN_STORE_TIMEOUTS,
+                self.store_timeout
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for EngineConfig {
@@ -127,6 +156,7 @@ impl Default for EngineConfig {
             heartbeat: true,
             store_timeout: Duration::from_secs(5),
             claim_mode: ClaimMode::Lease,
+            in_flight_retry_after: Duration::from_secs(1),
         }
     }
 }
@@ -184,5 +214,29 @@ mod tests {
         }
         assert!(ReplayPolicy::all_final().replays(StatusCode::INTERNAL_SERVER_ERROR));
         assert!(!ReplayPolicy::custom(|s| s == StatusCode::CREATED).replays(StatusCode::OK));
+    }
+
+    /// A lease that one hung extension can outlast is refused: with the default 5 s store
+    /// timeout, a 6 s lease (whose first heartbeat at 2 s could hang until 7 s) is an error,
+    /// 15 s is the floor; without a heartbeat, or in the one-transaction mode (no lease), any
+    /// length is fine.
+    #[test]
+    fn a_lease_shorter_than_three_store_timeouts_is_refused() {
+        let at = |lease: u64| EngineConfig::default().with_lease(Duration::from_secs(lease));
+        let refused = at(6).check().unwrap_err();
+        assert!(refused.contains("at least 3 store timeouts"), "{refused}");
+        assert!(at(14).check().is_err());
+        assert!(at(15).check().is_ok());
+        assert!(at(60).check().is_ok());
+        assert!(at(6).with_heartbeat(false).check().is_ok());
+        assert!(
+            at(6)
+                .with_store_timeout(Duration::from_secs(2))
+                .check()
+                .is_ok()
+        );
+        let mut one_transaction = at(1);
+        one_transaction.claim_mode = ClaimMode::OneTransaction;
+        assert!(one_transaction.check().is_ok());
     }
 }

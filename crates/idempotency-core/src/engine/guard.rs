@@ -243,7 +243,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         if !self.will_store(response.status()) {
             return self.release().await;
         }
-        self.stop_heartbeat();
+        // The heartbeat goes on until the response is stored: a slow store call must not let
+        // the lease lapse while it runs.
+        self.lease.completing();
         let completion = match self.take_transaction().await {
             Taken::Open { tx, used } => {
                 if !used && self.hold.is_transaction() {
@@ -267,6 +269,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             }
             Taken::Unopened | Taken::Closed => self.store(response).await,
         };
+        self.stop_heartbeat();
         self.finish(completion)
     }
 

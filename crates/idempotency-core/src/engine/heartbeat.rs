@@ -234,12 +234,14 @@ pub(crate) fn sleep_until(deadline: Instant) -> futures_timer::Delay {
     futures_timer::Delay::new(deadline.saturating_duration_since(Instant::now()))
 }
 
-/// Extends the lease now and then every third of its length until the request stops its
-/// heartbeat. A failed extension is retried sooner; once the lease has run out by this
-/// process's clock, or the store says the token no longer holds the claim, the lease is marked
-/// lost and the heartbeat stops.
+/// Extends the lease now and then every third of its length until the request has stored or
+/// released its outcome. A failed extension is retried sooner, and goes on being retried after
+/// the lease ran out by this process's clock (the store's lease may still run: a store that
+/// was slow for a moment must not make the key lapse for good); only the store saying that the
+/// token no longer holds the claim marks the lease lost and ends the heartbeat.
 async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease) {
     let beat = period(lease.length());
+    let mut said_lapsed = false;
     loop {
         if !lease.heartbeat_wanted() {
             return;
@@ -248,10 +250,12 @@ async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease
         let next = match shared.extend(&lease).await {
             Ok(FenceOutcome::Applied) => {
                 lease.renewed(sent);
+                said_lapsed = false;
                 beat
             }
             Ok(FenceOutcome::Stale) => {
-                if lease.heartbeat_wanted() {
+                // While the response is being stored, the completion itself ends the claim.
+                if lease.heartbeat_wanted() && !lease.is_completing() {
                     lease.mark_lost();
                     tracing::warn!(
                         backend = shared.store.backend(),
@@ -265,20 +269,25 @@ async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease
                     return;
                 }
                 if Instant::now() >= lease.deadline() {
-                    lease.mark_lost();
+                    if !said_lapsed {
+                        said_lapsed = true;
+                        tracing::warn!(
+                            backend = shared.store.backend(),
+                            error = %ErrorChain(&error),
+                            "could not extend the lease before it ran out by this process's \
+                             clock: another request may take the key over; still trying until \
+                             the store answers"
+                        );
+                    }
+                    beat.min(Duration::from_millis(250))
+                } else {
                     tracing::warn!(
-                        backend = shared.store.backend(),
-                        error = %ErrorChain(&error),
-                        "could not extend the lease before it ran out; another request may run it too"
-                    );
-                    return;
-                }
-                tracing::warn!(
                     backend = shared.store.backend(),
                     error = %ErrorChain(&error),
                     "could not extend the lease; trying again"
-                );
-                beat.min(Duration::from_millis(250))
+                    );
+                    beat.min(Duration::from_millis(250))
+                }
             }
         };
         if !lease.sleep_while_heartbeat_wanted(next).await {

@@ -43,8 +43,12 @@ struct State {
     /// successful claim or extension plus the lease, so never later than the store's end.
     deadline_ms: AtomicU64,
     phase: AtomicU8,
-    /// The request no longer wants its lease extended (it is storing or releasing its outcome).
+    /// The request no longer wants its lease extended (it stored or is releasing its outcome).
     heartbeat_stopped: AtomicBool,
+    /// The request is storing its response: the heartbeat goes on extending (a slow store call
+    /// must not let the lease lapse), and a "stale" answer that the completion itself caused
+    /// is not a loss.
+    completing: AtomicBool,
     changed: Notify,
 }
 
@@ -66,6 +70,7 @@ impl Lease {
             deadline_ms: AtomicU64::new(millis(length)),
             phase: AtomicU8::new(HELD),
             heartbeat_stopped: AtomicBool::new(false),
+            completing: AtomicBool::new(false),
             changed: Notify::new(),
         }))
     }
@@ -92,8 +97,11 @@ impl Lease {
         self.0.phase.load(Ordering::Acquire) == HELD && Instant::now() < self.deadline()
     }
 
-    /// Resolves when the lease is lost (taken over, or run out without a successful
-    /// heartbeat). Never resolves for a request that finishes while holding it.
+    /// Resolves when the lease is lost (the store says another request took the key over) or
+    /// has run out by this process's clock (the heartbeat could not extend it in time: another
+    /// request may take the key over). Never resolves for a request that finishes while holding
+    /// it. Running out by the local clock does not give the key up: the heartbeat keeps trying
+    /// until the store answers, and the response is stored if the store still has this claim.
     pub async fn lost(&self) {
         loop {
             let changed = self.0.changed.notified();
@@ -106,7 +114,6 @@ impl Lease {
             }
             let deadline = self.deadline();
             if Instant::now() >= deadline {
-                self.mark_lost();
                 return;
             }
             tokio::select! {
@@ -183,6 +190,17 @@ impl Lease {
                 () = super::heartbeat::sleep_until(until) => return self.heartbeat_wanted(),
             }
         }
+    }
+
+    /// The request is storing its response: the heartbeat goes on, and a "stale" answer the
+    /// completion caused is not a loss.
+    pub(crate) fn completing(&self) {
+        self.0.completing.store(true, Ordering::Release);
+    }
+
+    /// Whether the request is storing its response.
+    pub(crate) fn is_completing(&self) -> bool {
+        self.0.completing.load(Ordering::Acquire)
     }
 
     /// The request finished (stored or released): the lease is no longer held, nor lost.

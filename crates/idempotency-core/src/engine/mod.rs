@@ -41,9 +41,10 @@ pub enum Begin<S: IdempotencyStore + 'static> {
     /// The same request already completed: answer with its stored response.
     Replay(StoredResponse),
     /// The same request is still running elsewhere: answer 409 and suggest retrying after
-    /// `retry_after` (the time left on its lease).
+    /// `retry_after`.
     InFlight {
-        /// Time left on the running request's lease.
+        /// When to retry: the time left on the running request's lease, at most
+        /// [`EngineConfig::in_flight_retry_after`] (1 s by default).
         retry_after: Duration,
     },
     /// The key was used with a different request: answer 422 and never the other response.
@@ -157,7 +158,17 @@ pub(crate) fn judge(record: Record, fingerprint: &Fingerprint) -> Judged {
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// An engine over `store` with `config`.
+    ///
+    /// # Panics
+    ///
+    /// When the heartbeat is on and the lease is shorter than three store timeouts
+    /// ([`EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS`]): one extension hung for a whole store
+    /// timeout would then let a live request's lease run out, and a retry take its key over.
+    /// A configuration error, like Tokio's builders refuse theirs.
     pub fn new(store: S, config: EngineConfig) -> Self {
+        if let Err(why) = config.check() {
+            panic!("invalid idempotency engine configuration: {why}");
+        }
         Engine {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
@@ -293,13 +304,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     return Ok(Begin::Replay(response));
                 }
                 Judged::Running(lease_remaining) => {
-                    seen_running = Some(lease_remaining);
+                    let retry_after = lease_remaining.min(config.in_flight_retry_after);
+                    seen_running = Some(retry_after);
                     let now = Instant::now();
                     if now >= deadline {
                         pending.disarm();
-                        return Ok(Begin::InFlight {
-                            retry_after: lease_remaining,
-                        });
+                        return Ok(Begin::InFlight { retry_after });
                     }
                     let nap = poll
                         .min(deadline - now)
@@ -368,7 +378,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     };
                 }
             };
-            let retry_after = running.min(TRANSACTION_RETRY_AFTER);
+            let retry_after = running
+                .min(TRANSACTION_RETRY_AFTER)
+                .min(shared.config.in_flight_retry_after);
             seen_running = Some(retry_after);
             let now = Instant::now();
             if now >= deadline {
