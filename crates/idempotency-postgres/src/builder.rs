@@ -156,7 +156,9 @@ impl PostgresStoreBuilder {
                 table,
                 driver: TokioDriver {
                     pool,
-                    prepared: self.prepared_statements && url_prepared,
+                    prepared: std::sync::atomic::AtomicBool::new(
+                        self.prepared_statements && url_prepared,
+                    ),
                 },
                 transactions: self.transactions,
             }),

@@ -12,6 +12,7 @@ use idempotency_core::StoreError;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -19,7 +20,42 @@ use tokio_postgres::types::ToSql;
 pub(crate) struct TokioDriver {
     pub(crate) pool: Pool,
     /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
-    pub(crate) prepared: bool,
+    /// Turned off by the driver itself when the server answers as a transaction pooler that
+    /// does not keep prepared statements does (see [`TokioDriver::lost_a_prepared_statement`]).
+    pub(crate) prepared: AtomicBool,
+}
+
+impl TokioDriver {
+    fn prepared(&self) -> bool {
+        self.prepared.load(Ordering::Relaxed)
+    }
+
+    /// Whether `error` says that a statement this connection prepared is not on the server
+    /// connection that got it (`26000 prepared statement "s0" does not exist`), or that one of
+    /// that name is there already (`42P05`): what a transaction-mode pooler without prepared
+    /// statement support (PgBouncer before 1.21, or without `max_prepared_statements`) answers,
+    /// since it hands each transaction to any server connection. The driver then sends every
+    /// later statement unnamed, and says so once. The statement that failed never ran.
+    /// `prepared`: whether the failed call sent a prepared statement (another request may
+    /// have switched the driver since).
+    fn lost_a_prepared_statement(&self, prepared: bool, error: &tokio_postgres::Error) -> bool {
+        use tokio_postgres::error::SqlState;
+        let lost = prepared
+            && error.code().is_some_and(|code| {
+                *code == SqlState::INVALID_SQL_STATEMENT_NAME
+                    || *code == SqlState::DUPLICATE_PSTATEMENT
+            });
+        if lost && self.prepared.swap(false, Ordering::Relaxed) {
+            tracing::error!(
+                error = %error,
+                "the server lost a prepared statement: this looks like a transaction-mode pooler \
+                 (PgBouncer) that does not keep prepared statements; sending statements unnamed \
+                 from now on. Add prepared_statements=false to the store's URL (or call \
+                 prepared_statements(false)) to start that way"
+            );
+        }
+        lost
+    }
 }
 
 /// What every clone of a store shares.
@@ -199,17 +235,28 @@ impl Driver for TokioDriver {
     async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Row>, DriverError> {
         let client = self.client().await?;
         let refs = sql_params(params);
-        sql.query(&client, &refs[..params.len()], self.prepared)
-            .await
-            .map_err(driver_error)
+        let prepared = self.prepared();
+        match sql.query(&client, &refs[..params.len()], prepared).await {
+            // The statement never ran: send it again, unnamed.
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.query(&client, &refs[..params.len()], false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)
     }
 
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
         let client = self.client().await?;
         let refs = sql_params(params);
-        sql.execute(&client, &refs[..params.len()], self.prepared)
-            .await
-            .map_err(driver_error)
+        let prepared = self.prepared();
+        match sql.execute(&client, &refs[..params.len()], prepared).await {
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.execute(&client, &refs[..params.len()], false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)
     }
 
     async fn begin_with(
@@ -219,10 +266,14 @@ impl Driver for TokioDriver {
     ) -> Result<(TokioTx, Vec<Row>), DriverError> {
         let client = self.client().await?;
         // Ready (prepared) before the pipeline, which must send BEGIN first.
-        let ready = sql
-            .ready(&client, self.prepared)
-            .await
-            .map_err(driver_error)?;
+        let prepared = self.prepared();
+        let ready = match sql.ready(&client, prepared).await {
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.ready(&client, false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)?;
         // From here on, dropping `tx` (an error below, this future cancelled) rolls the
         // connection back before it returns to the pool.
         let tx = TokioTx(Some(client));
@@ -233,7 +284,13 @@ impl Driver for TokioDriver {
             ready.query(&tx, &refs[..params.len()])
         );
         begun.map_err(driver_error)?;
-        let rows = rows.map_err(driver_error)?;
+        // A lost prepared statement aborts this transaction (its error goes up); the next
+        // request's statements go out unnamed.
+        let rows = rows
+            .inspect_err(|error| {
+                self.lost_a_prepared_statement(prepared, error);
+            })
+            .map_err(driver_error)?;
         Ok((tx, rows))
     }
 
@@ -244,9 +301,13 @@ impl Driver for TokioDriver {
         params: &[Param<'_>],
     ) -> (Result<Vec<Row>, DriverError>, Result<(), DriverError>) {
         // Ready (prepared) before the pipeline: the statement must go out before the COMMIT.
-        let ready = match sql.ready(&tx, self.prepared).await {
+        let prepared = self.prepared();
+        let ready = match sql.ready(&tx, prepared).await {
             Ok(ready) => ready,
-            Err(e) => return (Err(driver_error(e)), Ok(())),
+            Err(e) => {
+                self.lost_a_prepared_statement(prepared, &e);
+                return (Err(driver_error(e)), Ok(()));
+            }
         };
         let refs = sql_params(params);
         // One round trip: the statement and the COMMIT are pipelined. A failed statement
@@ -257,6 +318,9 @@ impl Driver for TokioDriver {
         );
         // The transaction ended either way: the connection goes back to the pool as it is.
         drop(tx.end());
+        let rows = rows.inspect_err(|error| {
+            self.lost_a_prepared_statement(prepared, error);
+        });
         (rows.map_err(driver_error), committed.map_err(driver_error))
     }
 

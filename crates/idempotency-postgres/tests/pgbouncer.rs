@@ -35,6 +35,54 @@ mod postgres {
         store
     }
 
+    /// A URL without `prepared_statements=false` in front of PgBouncer in transaction mode
+    /// (whose server connections do not keep this client's prepared statements): the store
+    /// notices the lost statement, sends it again unnamed, and sends every later statement
+    /// unnamed. Before, most requests failed with `prepared statement "s0" does not exist`
+    /// (503 at the layer).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn without_the_setting_the_store_switches_to_unnamed_statements() {
+        let bouncer = bouncer();
+        let schema = TestSchema::new("idem_named");
+        let store = PostgresStore::builder(bouncer.url("postgres"))
+            .schema(schema.name())
+            .pool_size(8)
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("through PgBouncer: {}", idempotency_core::ErrorChain(&e)));
+        store.migrate().await.expect("migrate through PgBouncer");
+        let engine = Engine::new(store.clone(), EngineConfig::default());
+        let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
+        let mut requests = tokio::task::JoinSet::new();
+        for i in 0..64 {
+            let engine = engine.clone();
+            requests.spawn(async move {
+                let scope = Scope::new("bouncer").expect("scope");
+                let key =
+                    IdempotencyKey::parse(format!("named-{i}").as_bytes(), KeyFormat::opaque())
+                        .expect("key");
+                let guard = match engine.begin(scope, key, fp).await {
+                    Ok(Begin::Proceed(guard)) => guard,
+                    other => return Err(format!("claim {i}: {other:?}")),
+                };
+                let response =
+                    StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::new());
+                match guard.complete(response).await {
+                    Completion::Stored => Ok(()),
+                    other => Err(format!("complete {i}: {other:?}")),
+                }
+            });
+        }
+        let failures: Vec<String> = requests
+            .join_all()
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
+        assert!(failures.is_empty(), "{failures:#?}");
+        drop_test_schema(schema.name()).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_suite_passes_through_pgbouncer_in_transaction_mode() {
         let bouncer = bouncer();
