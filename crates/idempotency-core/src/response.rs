@@ -222,14 +222,31 @@ impl StoredResponse {
     }
 }
 
+/// Headers that identify one request or one trace, never the operation's result: a replay that
+/// carried them would hand a later request the first one's id (and join it to the first one's
+/// trace), so they are dropped; the service's own middleware sets fresh ones on the replay.
+const PER_REQUEST_HEADERS: [&str; 7] = [
+    "x-request-id",
+    "request-id",
+    "x-correlation-id",
+    "traceparent",
+    "tracestate",
+    "server-timing",
+    "x-amzn-requestid",
+];
+
 /// Whether a response header is stored and replayed.
 ///
 /// Dropped: hop-by-hop headers (RFC 9110 §7.6.1: `Connection`, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, and the proxy
 /// authentication pair), `Date` (the replay gets its own), `Set-Cookie` (a session cookie must
-/// never be handed out again), `Content-Length` (recomputed from the body) and
-/// `Idempotent-Replayed` (added to every replay). Everything else, including `Location`,
-/// `Content-Type`, `ETag` and custom headers, is kept with all its values.
+/// never be handed out again), `WWW-Authenticate` (a challenge to the credentials of one
+/// request; 401 and 403 are not stored by the standard policy either), per-request ids and
+/// trace context (`X-Request-Id`, `Request-Id`, `X-Correlation-Id`, `traceparent`,
+/// `tracestate`, `Server-Timing`, `X-Amzn-RequestId`), `Content-Length` (recomputed from the
+/// body) and `Idempotent-Replayed` (added to every replay). Everything else, including
+/// `Location`, `Content-Type`, `ETag`, `Cache-Control` and custom headers, is kept with all its
+/// values.
 pub fn is_replayable_header(name: &HeaderName) -> bool {
     !matches!(
         *name,
@@ -242,10 +259,12 @@ pub fn is_replayable_header(name: &HeaderName) -> bool {
             | header::PROXY_AUTHORIZATION
             | header::DATE
             | header::SET_COOKIE
+            | header::WWW_AUTHENTICATE
             | header::CONTENT_LENGTH
     ) && name != IDEMPOTENT_REPLAYED
         && name.as_str() != "keep-alive"
         && name.as_str() != "proxy-connection"
+        && !PER_REQUEST_HEADERS.contains(&name.as_str())
 }
 
 fn replayable_headers(headers: &HeaderMap) -> HeaderMap {
@@ -321,9 +340,23 @@ mod tests {
         h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         h.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
         h.insert(header::LOCATION, HeaderValue::from_static("/tasks/1"));
+        // Per-request ids, trace context and auth challenges belong to the first request.
+        for name in [
+            "x-request-id",
+            "request-id",
+            "x-correlation-id",
+            "traceparent",
+            "tracestate",
+            "server-timing",
+            "x-amzn-requestid",
+            "www-authenticate",
+        ] {
+            h.insert(name, HeaderValue::from_static("first-request"));
+        }
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private"));
         let r = StoredResponse::capture(StatusCode::CREATED, &h, Bytes::from_static(b"{}"));
         let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["etag", "location"]);
+        assert_eq!(names, ["etag", "location", "cache-control"]);
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl<S: IdempotencyStore> fmt::Debug for IdempotencyLayer<S> {
 impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// A builder over `store` with the defaults: header `Idempotency-Key`, methods POST, PATCH
     /// and DELETE (the ADR), key required, any 1..=255 visible-ASCII key, lease 60 s, retention 24 h, request
-    /// bodies up to 1 MiB, responses stored up to 1 MiB, 2xx-4xx stored (not 408/429),
+    /// bodies up to 1 MiB, responses stored up to 1 MiB, 2xx-4xx stored (not 401/403/408/429),
     /// fail closed, no waiting for in-flight duplicates, IETF profile, JSON bodies canonicalised
     /// for the fingerprint, each store call bounded by 5 s.
     pub fn builder(store: S) -> IdempotencyLayerBuilder<S, ScopeNotSet> {
@@ -281,7 +281,7 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// Which handler statuses are stored (default 2xx-4xx except 408 and 429).
+    /// Which handler statuses are stored (default 2xx-4xx except 401, 403, 408 and 429).
     pub fn replay_policy(mut self, policy: ReplayPolicy) -> Self {
         self.engine.replay_policy = policy;
         self

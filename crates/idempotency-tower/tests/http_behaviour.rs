@@ -1051,3 +1051,65 @@ async fn a_principal_that_cannot_form_a_scope_is_refused_not_shared() {
     assert!(headers.get("idempotent-replayed").is_none());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A 401 is not stored: the client that fixes its credentials and retries with the same key
+/// gets the operation run. And a replay does not carry the first request's id or trace
+/// context (the service's middleware gives the replay its own).
+#[tokio::test]
+async fn auth_failures_are_not_stored_and_replays_carry_no_request_ids() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = Router::new()
+        .route(
+            "/tasks",
+            post(move |headers: axum::http::HeaderMap| {
+                let counted = counted.clone();
+                async move {
+                    let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                    let request_id = format!("req-{n}");
+                    if headers.get("x-token").is_none_or(|t| t != "good") {
+                        return (
+                            StatusCode::UNAUTHORIZED,
+                            [
+                                ("www-authenticate", "Bearer".to_owned()),
+                                ("x-request-id", request_id),
+                            ],
+                            "no".to_owned(),
+                        );
+                    }
+                    (
+                        StatusCode::CREATED,
+                        [
+                            ("traceparent", format!("00-{n:032x}-{n:016x}-01")),
+                            ("x-request-id", request_id),
+                        ],
+                        format!("task {n}"),
+                    )
+                }
+            }),
+        )
+        .route_layer(
+            IdempotencyLayer::builder(MemoryStore::default())
+                .scope_with(|_| Some(Scope::new("alice").unwrap()))
+                .build(),
+        );
+    let with_token = |token: Option<&'static str>| {
+        let mut req = request(Method::POST, "/tasks", Some(KEY), None, "{}");
+        if let Some(token) = token {
+            req.headers_mut()
+                .insert("x-token", HeaderValue::from_static(token));
+        }
+        req
+    };
+    let (status, _, _) = send(&app, with_token(Some("expired"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, headers, body) = send(&app, with_token(Some("good"))).await;
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"task 2"[..]));
+    assert_eq!(headers["x-request-id"], "req-2");
+    let (status, headers, body) = send(&app, with_token(Some("good"))).await;
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"task 2"[..]));
+    assert!(headers.get("idempotent-replayed").is_some());
+    assert!(headers.get("x-request-id").is_none(), "{headers:?}");
+    assert!(headers.get("traceparent").is_none(), "{headers:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

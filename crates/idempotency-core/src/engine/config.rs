@@ -14,12 +14,18 @@ pub struct ReplayPolicy(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
 impl ReplayPolicy {
     /// Store 2xx, 3xx and 4xx; release 5xx. `408 Request Timeout` and `429 Too Many Requests`
     /// are released too: both say "try again later", so replaying them for a day would turn a
-    /// passing condition into a permanent answer. 1xx are never final and never stored.
+    /// passing condition into a permanent answer. So are `401 Unauthorized` and `403
+    /// Forbidden`: they judge the credentials the request carried, not the operation, so a
+    /// client that fixes its token and retries with the same key gets the operation run, not a
+    /// day of the old refusal (and a refusal never holds anything worth replaying). 1xx are
+    /// never final and never stored.
     pub fn standard() -> Self {
         ReplayPolicy(Arc::new(|s: StatusCode| {
             (200..500).contains(&s.as_u16())
                 && s != StatusCode::REQUEST_TIMEOUT
                 && s != StatusCode::TOO_MANY_REQUESTS
+                && s != StatusCode::UNAUTHORIZED
+                && s != StatusCode::FORBIDDEN
         }))
     }
 
@@ -209,7 +215,7 @@ mod tests {
         for s in [200, 201, 204, 301, 400, 404, 409, 422, 499] {
             assert!(p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        for s in [100, 408, 429, 500, 502, 503, 504] {
+        for s in [100, 401, 403, 408, 429, 500, 502, 503, 504] {
             assert!(!p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         assert!(ReplayPolicy::all_final().replays(StatusCode::INTERNAL_SERVER_ERROR));
