@@ -475,3 +475,21 @@ pub async fn create_replay_list(addr: std::net::SocketAddr) {
     let tasks: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
     assert_eq!(tasks.len(), 1);
 }
+
+/// A PostgreSQL store on a LOGGED key table in a schema of its own (dropped with the returned
+/// [`TestSchema`](idempotency_testkit::TestSchema)), migrated; fails with how to start the
+/// server when it cannot be reached.
+pub async fn migrated_postgres_store(
+    schema_prefix: &str,
+) -> (PostgresStore, idempotency_testkit::TestSchema) {
+    let schema = idempotency_testkit::TestSchema::new(schema_prefix);
+    let url = schema.url();
+    let store = PostgresStore::builder(url)
+        .schema(schema.name())
+        .table_mode(idempotency::TableMode::Logged)
+        .build()
+        .await
+        .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
+    store.migrate().await.unwrap();
+    (store, schema)
+}

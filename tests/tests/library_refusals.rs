@@ -9,10 +9,9 @@ use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{IdempotencyLayer, PgTransaction, PostgresStore, Profile, TableMode, Tx};
-use idempotency_e2e::{User, request, send};
+use idempotency::{IdempotencyLayer, PgTransaction, Profile, Tx};
+use idempotency_e2e::{User, migrated_postgres_store, request, send};
 use idempotency_testkit::TestSchema;
-use idempotency_testkit::env::server_unreachable;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -27,15 +26,7 @@ async fn slow_first(request: Request, next: Next) -> axum::response::Response {
 }
 
 async fn app(profile: Profile, runs: Arc<AtomicUsize>) -> (Router, TestSchema) {
-    let schema = TestSchema::new("idem_refusals");
-    let url = schema.url();
-    let store = PostgresStore::builder(url)
-        .schema(schema.name())
-        .table_mode(TableMode::Logged)
-        .build()
-        .await
-        .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-    store.migrate().await.unwrap();
+    let (store, schema) = migrated_postgres_store("idem_refusals").await;
     let layer = IdempotencyLayer::builder(store)
         .scope_from_extension::<User>()
         .profile(profile)

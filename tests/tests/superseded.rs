@@ -11,10 +11,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, TableMode, Tx};
-use idempotency_e2e::{User, request, send};
-use idempotency_testkit::TestSchema;
-use idempotency_testkit::env::server_unreachable;
+use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency_e2e::{User, migrated_postgres_store, request, send};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -68,15 +66,7 @@ async fn side_effects(store: &PostgresStore, table: &str) -> i64 {
 /// Runs the race with the lease-mode request's `body` (the same as the held request's, or
 /// another); returns what the held one-transaction request's client saw and the side effects.
 async fn race(other_body: &str) -> (StatusCode, bool, String, i64) {
-    let schema = TestSchema::new("idem_superseded");
-    let url = schema.url();
-    let store = PostgresStore::builder(url)
-        .schema(schema.name())
-        .table_mode(TableMode::Logged)
-        .build()
-        .await
-        .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-    store.migrate().await.unwrap();
+    let (store, schema) = migrated_postgres_store("idem_superseded").await;
     let table = format!("\"{}\".side_effects", schema.name());
     store
         .pool()

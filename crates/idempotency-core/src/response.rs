@@ -341,17 +341,8 @@ mod tests {
         h.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
         h.insert(header::LOCATION, HeaderValue::from_static("/tasks/1"));
         // Per-request ids, trace context and auth challenges belong to the first request.
-        for name in [
-            "x-request-id",
-            "request-id",
-            "x-correlation-id",
-            "traceparent",
-            "tracestate",
-            "server-timing",
-            "x-amzn-requestid",
-            "www-authenticate",
-        ] {
-            h.insert(name, HeaderValue::from_static("first-request"));
+        for name in PER_REQUEST_HEADERS.iter().chain(&["www-authenticate"]) {
+            h.insert(*name, HeaderValue::from_static("first-request"));
         }
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private"));
         let r = StoredResponse::capture(StatusCode::CREATED, &h, Bytes::from_static(b"{}"));
