@@ -43,6 +43,8 @@ pub(crate) struct Settings {
     pub(crate) key_required: bool,
     pub(crate) key_format: KeyFormat,
     pub(crate) max_request_body: usize,
+    /// How long a covered request's body may take to arrive.
+    pub(crate) request_body_timeout: std::time::Duration,
     pub(crate) max_stored_body: usize,
     pub(crate) fail_open: bool,
     pub(crate) profile: Profile,
@@ -82,6 +84,7 @@ impl Default for Settings {
             key_required: true,
             key_format: KeyFormat::default(),
             max_request_body: 1024 * 1024,
+            request_body_timeout: std::time::Duration::from_secs(30),
             max_stored_body: 1024 * 1024,
             fail_open: false,
             profile: Profile::Ietf,

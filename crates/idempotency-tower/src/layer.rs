@@ -309,6 +309,16 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
+    /// How long a covered request's body may take to arrive (default 30 s), counted from when
+    /// the layer starts reading it. The layer reads the whole body before the key is claimed
+    /// (the fingerprint needs it), so a client that stalls its body would otherwise hold up to
+    /// [`max_request_body`](Self::max_request_body) of memory for as long as its connection
+    /// lives; past the deadline it gets `408 body-timeout`, nothing ran and nothing is stored.
+    pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.request_body_timeout = timeout;
+        self
+    }
+
     /// Largest response body stored (default 1 MiB). A larger response still goes to the
     /// client in full; its record keeps status and headers only, so a retry is answered with
     /// them and an empty body (and `Idempotent-Replay-Body: omitted`), never by running the

@@ -43,6 +43,8 @@ pub enum RefusalKind {
     BodyTooLarge,
     /// The request body could not be read (400).
     BodyUnreadable,
+    /// The request body did not arrive within the read deadline (408).
+    BodyTimeout,
     /// The store could not be reached (503, `Retry-After`).
     StoreUnavailable,
     /// The handler panicked or its response body failed (500).
@@ -192,6 +194,9 @@ pub(crate) enum Problem {
         limit: usize,
     },
     BodyUnreadable,
+    BodyTimeout {
+        deadline: Duration,
+    },
     StoreUnavailable {
         retry_after: Duration,
     },
@@ -223,6 +228,7 @@ impl Problem {
             Problem::Mismatch => RefusalKind::Mismatch,
             Problem::BodyTooLarge { .. } => RefusalKind::BodyTooLarge,
             Problem::BodyUnreadable => RefusalKind::BodyUnreadable,
+            Problem::BodyTimeout { .. } => RefusalKind::BodyTimeout,
             Problem::StoreUnavailable { .. } => RefusalKind::StoreUnavailable,
             Problem::HandlerFailed => RefusalKind::HandlerFailed,
             Problem::NotCommitted { .. } => RefusalKind::NotCommitted,
@@ -317,6 +323,16 @@ impl Problem {
                 "Request body could not be read",
                 "The request body ended early or could not be read.".into(),
                 "request_body_unreadable",
+            ),
+            Problem::BodyTimeout { deadline } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
+                format!(
+                    "The request body did not arrive within {} ms; nothing ran, send it again.",
+                    deadline.as_millis()
+                ),
+                "request_body_timeout",
             ),
             Problem::StoreUnavailable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,

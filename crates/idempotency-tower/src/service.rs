@@ -176,10 +176,18 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    read_body(body, limit).await.map_err(|e| match e {
-        ReadError::TooLarge => too_large(),
-        ReadError::Unreadable => Refused(Problem::BodyUnreadable, Outcome::BodyUnreadable),
-    })
+    let deadline = shared.settings.request_body_timeout;
+    match tokio::time::timeout(deadline, read_body(body, limit)).await {
+        Ok(read) => read.map_err(|e| match e {
+            ReadError::TooLarge => too_large(),
+            ReadError::Unreadable => Refused(Problem::BodyUnreadable, Outcome::BodyUnreadable),
+        }),
+        // Counted with the bodies that could not be read.
+        Err(_) => Err(Refused(
+            Problem::BodyTimeout { deadline },
+            Outcome::BodyUnreadable,
+        )),
+    }
 }
 
 async fn handle<Inner, S, B, ResB>(

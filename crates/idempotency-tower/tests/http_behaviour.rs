@@ -1113,3 +1113,58 @@ async fn auth_failures_are_not_stored_and_replays_carry_no_request_ids() {
     assert!(headers.get("traceparent").is_none(), "{headers:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A body that stalls part way is cut at the read deadline with `408 body-timeout`: the
+/// handler does not run and nothing holds the key (before, a body stalled 45 s was still
+/// read, holding its buffer all along).
+#[tokio::test]
+async fn a_stalled_body_gets_408_at_the_read_deadline() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.request_body_timeout(Duration::from_millis(300)),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let stalled = futures_util::stream::unfold(0, |sent| async move {
+        if sent == 0 {
+            Some((
+                Ok::<_, std::io::Error>(Bytes::from_static(b"{\"title\":")),
+                1,
+            ))
+        } else {
+            std::future::pending::<()>().await;
+            None
+        }
+    });
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/tasks")
+        .header("idempotency-key", KEY)
+        .body(Body::from_stream(stalled))
+        .unwrap();
+    req.extensions_mut().insert(User("alice"));
+    let started = std::time::Instant::now();
+    let (status, _, body) = tokio::time::timeout(Duration::from_secs(5), send(&app, req))
+        .await
+        .expect("answered at the deadline, not when the client gives up");
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(
+        problem(&body)["type"],
+        "urn:idempotency:problem:body-timeout"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The key is free: the whole request, sent again, runs.
+    let (status, _, _) = send(
+        &app,
+        request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("alice"),
+            "{\"title\":1}",
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+}
