@@ -35,7 +35,7 @@
 //! | handler panics | 500 problem+json, key released |
 //! | handler (or its response body) slower than its lease | the heartbeat extends the lease until the response is stored; retries get 409 |
 //! | storing the response fails | the response goes out; the key stays claimed and the response is stored in the background |
-//! | the request's transaction does not commit | 503 problem+json (409 if its lease was taken over); none of its writes exist |
+//! | the request's transaction does not commit | 503 problem+json (409 if its lease was taken over); retried with the same key, it runs again, or replays if the commit happened after all |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
 //! Refusals are RFC 9457 problem+json by default; [`Profile::Stripe`] writes Stripe's error

@@ -49,7 +49,8 @@ pub enum RefusalKind {
     StoreUnavailable,
     /// The handler panicked or its response body failed (500).
     HandlerFailed,
-    /// The request's transaction did not commit; none of its writes exist (503, `Retry-After`).
+    /// The request's transaction did not commit, or its `COMMIT` failed on the way and may
+    /// have happened: retry with the same key (503, `Retry-After`).
     NotCommitted,
     /// The handler ended or kept its transaction itself (500).
     TransactionMisused,
@@ -345,7 +346,7 @@ impl Problem {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not-committed",
                 "The request's changes were not committed",
-                "The request ran, but its changes could not be committed together with its idempotency record, so none of them were kept; retry later.".into(),
+                "The request ran, but its changes could not be committed together with its idempotency record. Retry with the same Idempotency-Key (never a new one): if the commit happened after all, the retry replays its answer; if not, it runs the request.".into(),
                 "idempotency_not_committed",
             ),
             Problem::TransactionMisused => (

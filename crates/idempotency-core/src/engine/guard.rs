@@ -34,9 +34,10 @@ pub enum Completion {
     /// and the response is stored, or the key released, in the background, retrying until the
     /// lease runs out. The response still goes to this client.
     Deferred,
-    /// The request's transaction did not commit, so none of its writes exist, and the
-    /// handler's response must not be sent as if they did: answer with an error the client
-    /// retries.
+    /// The request's transaction did not commit (or its `COMMIT` failed on the way, when it may
+    /// have happened): the handler's response must not be sent as if its writes existed.
+    /// Answer with an error the client retries with the same key: a commit that happened after
+    /// all is then replayed, since its record holds the response.
     RolledBack(RollbackCause),
     /// The handler ended the request's transaction itself (a raw `COMMIT` or `ROLLBACK`), or
     /// still held it after returning. Whether its writes exist is unknown, so nothing was
@@ -423,8 +424,8 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tracing::warn!(
                     backend = shared.store.backend(),
                     error = %ErrorChain(&error),
-                    "the request's transaction did not commit: none of its writes exist; \
-                     releasing the key so the retry runs"
+                    "the request's transaction did not commit (or its COMMIT failed on the \
+                     way and may have happened); releasing the key so the retry runs or replays"
                 );
                 // Fenced by the token: if the commit did happen after all, the record is
                 // completed and no longer carries the token, so nothing is released.
