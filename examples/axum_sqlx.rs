@@ -102,8 +102,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<UserId>()
                 .lease(Duration::from_secs(lease))
-                // Store calls bounded well inside a short lease: at most a third of it.
-                .store_timeout(Duration::from_secs(5).min(Duration::from_secs(lease) / 3))
                 .build(),
         )
         .layer(middleware::from_fn(authenticate));

@@ -32,8 +32,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use idempotency::{
-    ClaimMode, Drain, EngineConfig, IdempotencyLayer, IdempotencyStore, PgTransaction,
-    PostgresStore, Scope, TableMode, Tx,
+    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope,
+    TableMode, Tx,
 };
 use serde::Deserialize;
 use std::sync::Arc;
@@ -172,11 +172,6 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .scope_from_extension::<UserId>()
         .claim_mode(claim_mode)
         .lease(options.lease)
-        // A short `--lease` (the crash tests use seconds) needs store calls bounded well inside
-        // it: at most a third of the lease, and never more than the 5 s default.
-        .store_timeout(
-            Duration::from_secs(5).min(options.lease / EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS),
-        )
         .retention(options.retention)
         .build();
     let drain = idempotency.drain();

@@ -56,6 +56,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
             engine: EngineConfig::default(),
             settings: Settings::default(),
             scope: ScopeNotSet,
+            store_timeout_chosen: false,
         }
     }
 
@@ -104,6 +105,8 @@ pub struct IdempotencyLayerBuilder<S, Sc> {
     engine: EngineConfig,
     settings: Settings,
     scope: Sc,
+    /// `store_timeout` was set: `build()` then keeps it as it is.
+    store_timeout_chosen: bool,
 }
 
 impl<S, Sc: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<S, Sc> {
@@ -180,6 +183,7 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
             engine: self.engine,
             settings: self.settings,
             scope: ScopeSet(source),
+            store_timeout_chosen: self.store_timeout_chosen,
         }
     }
 }
@@ -190,8 +194,15 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
     /// # Panics
     ///
     /// When the engine settings cannot run a request safely ([`EngineConfig::check`]): with
-    /// the heartbeat on, a lease shorter than three store timeouts.
-    pub fn build(self) -> IdempotencyLayer<S> {
+    /// the heartbeat on, a lease shorter than three store timeouts set with `store_timeout`
+    /// (left unset, the store timeout shrinks to a third of the lease).
+    pub fn build(mut self) -> IdempotencyLayer<S> {
+        if !self.store_timeout_chosen {
+            self.engine.store_timeout = self
+                .engine
+                .store_timeout
+                .min(self.engine.lease / EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS);
+        }
         if self.engine.claim_mode == ClaimMode::OneTransaction
             && !self
                 .store
@@ -246,7 +257,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     }
 
     /// How long an in-flight claim holds its key without a heartbeat (default 60 s; with the
-    /// heartbeat on, at least three store timeouts, or `build()` panics). From the
+    /// heartbeat on, at least three store timeouts if you set `store_timeout`, or `build()`
+    /// panics; left unset, the store timeout shrinks to fit). From the
     /// claim until the response is stored, the heartbeat extends it every third of its length;
     /// it bounds how long the key of a crashed or hung worker stays blocked, and how long a
     /// response whose storing failed is retried in the background.
@@ -387,11 +399,14 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
-    /// Bound on each single store call (default 5 s): the claim, storing the response, each
-    /// heartbeat, a release, opening and committing a transaction. A claim past it is answered
-    /// as if the store were unreachable; waiting for an in-flight duplicate is not bounded by it.
+    /// Bound on each single store call (default 5 s, or a third of the lease when that is
+    /// shorter, so that a short lease needs no second setting): the claim, storing the
+    /// response, each heartbeat, a release, opening and committing a transaction. A claim past
+    /// it is answered as if the store were unreachable; waiting for an in-flight duplicate is
+    /// not bounded by it.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.engine.store_timeout = timeout;
+        self.store_timeout_chosen = true;
         self
     }
 

@@ -523,3 +523,31 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
     assert!(body.starts_with("Applied; lost after "), "{body}");
     assert!(store.calls(Op::Extend) > 0, "the heartbeat must have tried");
 }
+
+/// A short lease alone builds: the store timeout left unset shrinks to a third of it. A store
+/// timeout set explicitly that one hung heartbeat could outlast is refused at build.
+#[test]
+fn a_short_lease_shrinks_an_unset_store_timeout_and_refuses_a_set_one() {
+    let builder = || {
+        IdempotencyLayer::builder(MemoryStore::default())
+            .scope_with(|_| Some(Scope::new("alice").unwrap()))
+            .lease(Duration::from_secs(6))
+    };
+    let layer = builder().build();
+    assert_eq!(
+        layer.engine().config().store_timeout,
+        Duration::from_secs(2)
+    );
+    let long = IdempotencyLayer::builder(MemoryStore::default())
+        .scope_with(|_| Some(Scope::new("alice").unwrap()))
+        .build();
+    assert_eq!(long.engine().config().store_timeout, Duration::from_secs(5));
+    let refused =
+        std::panic::catch_unwind(|| builder().store_timeout(Duration::from_secs(5)).build());
+    let message = refused.expect_err("a set store timeout the lease cannot hold is refused");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("at least 3 store timeouts"), "{text}");
+}
