@@ -145,6 +145,11 @@ macro_rules! __with_cases {
             engine_heartbeat_keeps_a_slow_request_from_being_taken_over
             engine_waits_for_an_in_flight_request_then_replays
             engine_keeps_the_claim_when_storing_the_response_fails
+            once_runs_the_work_once_and_replays_its_value
+            once_refuses_another_input_under_the_same_key
+            once_releases_the_key_when_the_work_fails
+            once_stores_a_permanent_refusal_as_a_value
+            once_tells_a_concurrent_duplicate_it_is_in_flight
         }
     };
 }
@@ -160,6 +165,7 @@ mod tests {
             include_str!("cases/engine.rs"),
             include_str!("cases/expiry.rs"),
             include_str!("cases/fencing.rs"),
+            include_str!("cases/once.rs"),
             include_str!("cases/replay.rs"),
         ];
         let mut written: Vec<&str> = sources

@@ -46,6 +46,7 @@ mod error;
 mod fingerprint;
 mod json;
 mod key;
+pub mod once;
 mod record;
 mod redact;
 mod response;
@@ -67,6 +68,7 @@ pub use fingerprint::{
 };
 pub use json::{JsonPointer, JsonPointerError};
 pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
+pub use once::{OnceContext, OnceError, Outcome};
 pub use record::{ClaimOutcome, FenceOutcome, LeaseToken, Record, RecordState};
 pub use redact::redact_credentials;
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};

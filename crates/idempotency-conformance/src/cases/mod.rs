@@ -7,12 +7,14 @@ mod claim;
 mod engine;
 mod expiry;
 mod fencing;
+mod once;
 mod replay;
 
 pub use claim::*;
 pub use engine::*;
 pub use expiry::*;
 pub use fencing::*;
+pub use once::*;
 pub use replay::*;
 
 use bytes::Bytes;

@@ -240,10 +240,16 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// not store its status. One store round trip on the common path. Never frees a key whose
     /// side effect may stand: if storing fails, the claim is kept and storing is retried in the
     /// background until the lease runs out ([`Completion::Deferred`]).
-    pub async fn complete(mut self, response: StoredResponse) -> Completion {
+    pub async fn complete(self, response: StoredResponse) -> Completion {
         if !self.will_store(response.status()) {
             return self.release().await;
         }
+        self.store_outcome(response).await
+    }
+
+    /// [`Guard::complete`] without the replay policy: `response` is stored whatever its status
+    /// ([`Engine::once`](crate::Engine::once) stores values, not HTTP responses).
+    pub(crate) async fn store_outcome(mut self, response: StoredResponse) -> Completion {
         // The heartbeat goes on until the response is stored: a slow store call must not let
         // the lease lapse while it runs.
         self.lease.completing();

@@ -11,6 +11,10 @@
 //! idempotency_conformance::transactional_suite!(make_harness(), ClaimMode::Lease, ClaimMode::OneTransaction);
 //! ```
 
+mod once;
+
+pub use once::*;
+
 use crate::cases::{LONG, fingerprint, key, response, scope};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -476,6 +480,9 @@ macro_rules! transactional_suite {
                 tx_duplicate_while_open_is_in_flight_then_replays
                 tx_concurrent_duplicates_write_once
                 tx_expired_record_is_taken_over
+                tx_once_commits_the_work_writes_with_its_value
+                tx_once_failed_work_leaves_no_write
+                tx_once_concurrent_duplicates_write_once
             );
         }
     };
