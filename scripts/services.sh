@@ -2,6 +2,8 @@
 # Makes sure the servers and tools the tests use are there:
 #   - PostgreSQL at IDEMPOTENCY_TEST_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/postgres)
 #   - Redis at IDEMPOTENCY_TEST_REDIS_URL (default redis://127.0.0.1:6379)
+#   - RabbitMQ at IDEMPOTENCY_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f), for
+#     the idempotent-consumer tests
 #   - for the tests that start throwaway servers: PostgreSQL's server binaries with pg_cron,
 #     pgbouncer, redis-server and redis-cli, psql and pg_dump, setpriv.
 #
@@ -27,6 +29,7 @@ done
 
 PG_URL="${IDEMPOTENCY_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 REDIS_URL="${IDEMPOTENCY_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+AMQP_URL="${IDEMPOTENCY_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 
 missing=()
 need() { missing+=("$1: $2"); }
@@ -96,10 +99,34 @@ if ! redis_answers; then
   redis_answers || need "Redis" "nothing answers at $REDIS_URL: start one (redis-server --port 6379 --save '' --appendonly no) or point IDEMPOTENCY_TEST_REDIS_URL at one; with --install this script starts a local test server"
 fi
 
+# --- RabbitMQ at the configured URL ---------------------------------------------------------
+# host:port of the URL (after any user:password@, before the vhost).
+amqp_hostport=${AMQP_URL#*://}
+amqp_hostport=${amqp_hostport##*@}
+amqp_hostport=${amqp_hostport%%/*}
+amqp_host=${amqp_hostport%:*}
+amqp_port=${amqp_hostport##*:}
+[ "$amqp_port" = "$amqp_hostport" ] && amqp_port=5672
+# A TCP connect, then the broker's AMQP greeting: it answers a protocol header with its own.
+amqp_answers() {
+  timeout 5 bash -c "exec 3<>/dev/tcp/$amqp_host/$amqp_port && printf 'AMQP\0\0\11\1' >&3 && head -c 4 <&3" 2>/dev/null | grep -q .
+}
+if ! amqp_answers; then
+  if [ "$install" -eq 1 ] && [ "$amqp_hostport" = "127.0.0.1:5672" ]; then
+    command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server || true
+    if command -v rabbitmq-server >/dev/null; then
+      log "starting RabbitMQ on 127.0.0.1:5672 (guest/guest, for tests only)"
+      RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 rabbitmq-server -detached >/dev/null 2>&1 || true
+      for _ in $(seq 1 60); do amqp_answers && break; sleep 1; done
+    fi
+  fi
+  amqp_answers || need "RabbitMQ" "nothing answers at $amqp_hostport: start a broker (Debian: apt-get install rabbitmq-server; rabbitmq-server -detached) or point IDEMPOTENCY_TEST_AMQP_URL at one; with --install this script installs and starts one"
+fi
+
 if [ "${#missing[@]}" -gt 0 ]; then
   log "not ready:"
   for m in "${missing[@]}"; do log "  - $m"; done
   log "run with --install (or CI=true) to install packages and start local test servers"
   exit 1
 fi
-log "PostgreSQL ($PG_URL) and Redis ($REDIS_URL) answer; the tools for throwaway servers are installed"
+log "PostgreSQL ($PG_URL), Redis ($REDIS_URL) and RabbitMQ ($amqp_hostport) answer; the tools for throwaway servers are installed"

@@ -252,7 +252,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 return Err(OnceError::Output(error));
             }
         };
-        let completion = guard.store_outcome(value_record(body)).await;
+        let completion = guard.store_outcome(value_record(body), false).await;
         match completion {
             Completion::Stored
             | Completion::Deferred

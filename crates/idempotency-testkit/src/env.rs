@@ -16,6 +16,13 @@ pub fn redis_url() -> String {
         .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// The RabbitMQ URL for broker tests: `IDEMPOTENCY_TEST_AMQP_URL`, else
+/// `amqp://guest:guest@127.0.0.1:5672/%2f`.
+pub fn amqp_url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
 /// Fails the test because `server` at `url` could not be used, saying how to start it.
 pub fn server_unreachable(server: &str, url: &str, error: &dyn std::error::Error) -> ! {
     let mut cause = error.to_string();
@@ -37,12 +44,16 @@ pub fn server_unreachable(server: &str, url: &str, error: &dyn std::error::Error
         "Redis" => "start it with `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 \
                     --save '' --appendonly no`, or point IDEMPOTENCY_TEST_REDIS_URL at a server"
             .to_owned(),
+        "RabbitMQ" => "start it with `rabbitmq-server -detached` (Debian package rabbitmq-server; \
+                       guest/guest on 127.0.0.1:5672), or point IDEMPOTENCY_TEST_AMQP_URL at a \
+                       broker"
+            .to_owned(),
         _ => "start it".to_owned(),
     };
     let url = idempotency_core::redact_credentials(url);
     panic!(
         "{server} is not usable at {url}: {cause}\n\
          Store tests run against the real server and never skip: {how}. \
-         `scripts/services.sh` installs and starts both PostgreSQL and Redis."
+         `scripts/services.sh` installs and starts PostgreSQL, Redis and RabbitMQ."
     )
 }

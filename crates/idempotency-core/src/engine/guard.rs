@@ -244,18 +244,24 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         if !self.will_store(response.status()) {
             return self.release().await;
         }
-        self.store_outcome(response).await
+        self.store_outcome(response, true).await
     }
 
     /// [`Guard::complete`] without the replay policy: `response` is stored whatever its status
     /// ([`Engine::once`](crate::Engine::once) stores values, not HTTP responses).
-    pub(crate) async fn store_outcome(mut self, response: StoredResponse) -> Completion {
+    /// `warn_unused`: warn when a one-transaction request never took its transaction (an HTTP
+    /// handler that forgot it); a job's work may legitimately decide without writing.
+    pub(crate) async fn store_outcome(
+        mut self,
+        response: StoredResponse,
+        warn_unused: bool,
+    ) -> Completion {
         // The heartbeat goes on until the response is stored: a slow store call must not let
         // the lease lapse while it runs.
         self.lease.completing();
         let completion = match self.take_transaction().await {
             Taken::Open { tx, used } => {
-                if !used && self.hold.is_transaction() {
+                if !used && warn_unused && self.hold.is_transaction() {
                     tracing::warn!(
                         backend = self.shared.store.backend(),
                         "ClaimMode::OneTransaction: the handler never took the request's \
