@@ -2,7 +2,7 @@
 //!
 //! RabbitMQ delivers a message at least once: a consumer that dies after its work and before
 //! its ack gets the message again, a publisher that retries publishes it twice. This consumer
-//! runs each message's work through [`Engine::once`] with the message's `message_id` as the
+//! runs each message's work through [`Engine::once`](idempotency::Engine::once) with the message's `message_id` as the
 //! key, in the PostgreSQL store's one-transaction mode, and acks only after the commit:
 //!
 //! - the task and the message's stored result commit in one transaction, so a crash at any

@@ -36,6 +36,16 @@ pub enum StoreError {
         /// What limit was reached.
         reason: String,
     },
+    /// The scope (one authenticated caller) holds its share of the store and may not claim new
+    /// keys until some of its records expire; its existing keys still replay, and other scopes
+    /// are not affected (the memory store's per-scope share). The layer answers 429.
+    #[error("this caller's share of the {backend} idempotency store ({share} bytes) is used up")]
+    ScopeFull {
+        /// Which store.
+        backend: &'static str,
+        /// The share, in bytes of stored records.
+        share: u64,
+    },
     /// The store answered with an error that a retry will not fix (a query error, a script
     /// error, missing table or permission).
     #[error("the {backend} idempotency store failed")]
@@ -92,6 +102,7 @@ impl StoreError {
             StoreError::Unavailable { .. }
                 | StoreError::Timeout { .. }
                 | StoreError::Full { .. }
+                | StoreError::ScopeFull { .. }
                 | StoreError::NotReplicated { .. }
         )
     }
@@ -114,6 +125,7 @@ impl StoreError {
             StoreError::Unavailable { backend, .. }
             | StoreError::Timeout { backend, .. }
             | StoreError::Full { backend, .. }
+            | StoreError::ScopeFull { backend, .. }
             | StoreError::Backend { backend, .. }
             | StoreError::NotReplicated { backend, .. }
             | StoreError::Corrupt { backend, .. } => backend,

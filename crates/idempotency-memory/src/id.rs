@@ -97,6 +97,15 @@ impl Hasher for CarriedHasher {
     }
 }
 
+/// The scope's bytes in an id built by [`IdBuf::new`] (empty for a shorter byte string).
+pub(crate) fn scope_of(id: &[u8]) -> &[u8] {
+    let Some(&[low, high]) = id.get(HASH_LEN..HASH_LEN + 2) else {
+        return &[];
+    };
+    let len = usize::from(u16::from_le_bytes([low, high]));
+    id.get(HASH_LEN + 2..HASH_LEN + 2 + len).unwrap_or(&[])
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -40,6 +40,7 @@
 mod completed;
 mod id;
 mod records;
+mod shares;
 mod tier;
 
 pub use records::WhenFull;
@@ -63,7 +64,14 @@ pub struct MemoryStoreBuilder {
     max_stored_bytes: u64,
     max_in_flight: usize,
     when_full: WhenFull,
+    /// `None`: the default share, a [`DEFAULT_SCOPE_SHARES`]th of the bound.
+    bytes_per_scope: Option<u64>,
 }
+
+/// By default one scope's records may take this fraction of the bound (one eighth): a single
+/// user can then never fill the store and have every other user's records evicted; it takes
+/// eight users flooding together.
+pub const DEFAULT_SCOPE_SHARES: u64 = 8;
 
 impl Default for MemoryStoreBuilder {
     fn default() -> Self {
@@ -71,6 +79,7 @@ impl Default for MemoryStoreBuilder {
             max_stored_bytes: 64 * 1024 * 1024,
             max_in_flight: 100_000,
             when_full: WhenFull::default(),
+            bytes_per_scope: None,
         }
     }
 }
@@ -98,12 +107,33 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The most one scope's completed records may weigh (default: an eighth of
+    /// [`max_stored_bytes`](Self::max_stored_bytes), [`DEFAULT_SCOPE_SHARES`]). A scope at its
+    /// share has its new claims refused with [`StoreError::ScopeFull`] (429 at the HTTP layer)
+    /// until some of its records expire, while its existing keys still replay: so one user
+    /// flooding the store with new keys cannot evict every other user's records and make
+    /// their retries run again. `u64::MAX` turns shares off (one global least-recently-used
+    /// order for every scope). The unscoped key space
+    /// ([`Scope::unscoped`](idempotency_core::Scope::unscoped)) has no share.
+    pub fn max_bytes_per_scope(mut self, bytes: u64) -> Self {
+        self.bytes_per_scope = Some(bytes);
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
+        let share = self
+            .bytes_per_scope
+            .unwrap_or(self.max_stored_bytes / DEFAULT_SCOPE_SHARES);
         MemoryStore {
             inner: Arc::new(Inner {
                 ids: foldhash::fast::RandomState::default(),
-                records: Records::new(self.max_stored_bytes, self.max_in_flight, self.when_full),
+                records: Records::new(
+                    self.max_stored_bytes,
+                    self.max_in_flight,
+                    self.when_full,
+                    share,
+                ),
             }),
         }
     }

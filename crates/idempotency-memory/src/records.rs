@@ -17,6 +17,7 @@
 
 use crate::BACKEND;
 use crate::id::{RecordId, hash_of};
+use crate::shares::Shares;
 use bytes::Bytes;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as Slot;
@@ -207,7 +208,12 @@ impl Shard {
 
     /// Removes the least recently used completed record, unless it is the one stamped `keep`
     /// or it was used after `not_after` (another shard holds an older one).
-    fn evict_least_recently_used(&mut self, keep: Option<u64>, not_after: u64) -> Eviction {
+    fn evict_least_recently_used(
+        &mut self,
+        keep: Option<u64>,
+        not_after: u64,
+        shares: &Shares,
+    ) -> Eviction {
         while let Some(&front) = self.recency.front() {
             if keep == Some(front.stamp) {
                 // Every use before it was stale: the kept record is the shard's only one.
@@ -228,7 +234,9 @@ impl Shard {
             let ((id, entry), _) = slot.remove();
             self.completed -= 1;
             if let Entry::Completed(record) = entry {
-                return Eviction::Freed(weight(id.len(), &record.encoded));
+                let freed = weight(id.len(), &record.encoded);
+                shares.refund(&id, freed);
+                return Eviction::Freed(freed);
             }
         }
         Eviction::Nothing
@@ -236,7 +244,7 @@ impl Shard {
 
     /// Removes up to `budget` records that are no longer live: returns the claims and the
     /// completed records removed, and the completed records' weight.
-    fn sweep(&mut self, now: Instant, mut budget: usize) -> (usize, usize, u64) {
+    fn sweep(&mut self, now: Instant, mut budget: usize, shares: &Shares) -> (usize, usize, u64) {
         let (mut claims, mut completed, mut bytes) = (0, 0, 0);
         self.table.retain(|(id, entry)| {
             if budget == 0 || entry.is_live(now) {
@@ -247,7 +255,9 @@ impl Shard {
                 Entry::InFlight(_) => claims += 1,
                 Entry::Completed(record) => {
                     completed += 1;
-                    bytes += weight(id.len(), &record.encoded);
+                    let freed = weight(id.len(), &record.encoded);
+                    shares.refund(id, freed);
+                    bytes += freed;
                 }
             }
             false
@@ -266,6 +276,8 @@ pub(crate) struct Records {
     bytes: AtomicU64,
     max_bytes: u64,
     when_full: WhenFull,
+    /// Each scope's share of `max_bytes`.
+    shares: Shares,
     evicted: AtomicU64,
     /// Each shard's [`Shard::oldest_use`], written under the shard's lock (and only when it
     /// changes, so the cores do not pass these cache lines back and forth on every use), read
@@ -288,7 +300,14 @@ enum Attempt {
 }
 
 impl Records {
-    pub(crate) fn new(max_bytes: u64, max_in_flight: usize, when_full: WhenFull) -> Self {
+    /// `scope_share`: the most one scope's completed records may weigh before its new claims
+    /// are refused (`u64::MAX`: no share).
+    pub(crate) fn new(
+        max_bytes: u64,
+        max_in_flight: usize,
+        when_full: WhenFull,
+        scope_share: u64,
+    ) -> Self {
         Records {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             in_flight: AtomicUsize::new(0),
@@ -296,6 +315,7 @@ impl Records {
             bytes: AtomicU64::new(0),
             max_bytes,
             when_full,
+            shares: Shares::new(scope_share),
             evicted: AtomicU64::new(0),
             oldest: (0..SHARDS).map(|_| AtomicU64::new(EMPTY)).collect(),
             epoch: Instant::now(),
@@ -382,6 +402,19 @@ impl Records {
         }
     }
 
+    /// Whether a new claim of `id` must be refused because its scope holds its share (only
+    /// under [`WhenFull::RefuseNewClaims`]: an evicting store evicts the scope's own records).
+    fn refuses_scope(&self, id: &[u8]) -> bool {
+        self.when_full == WhenFull::RefuseNewClaims && self.shares.is_full(id)
+    }
+
+    fn scope_full(&self) -> StoreError {
+        StoreError::ScopeFull {
+            backend: BACKEND,
+            share: self.shares.limit(),
+        }
+    }
+
     fn full() -> StoreError {
         StoreError::Full {
             backend: BACKEND,
@@ -443,7 +476,11 @@ impl Records {
                 self.publish(shard_index(hash), shard);
                 return Attempt::Done(record);
             }
-            // A lapsed claim or an expired record: the new claim takes its slot.
+            // A lapsed claim or an expired record: the new claim takes its slot, unless its
+            // scope holds its share.
+            if self.refuses_scope(id) {
+                return Attempt::Done(Err(self.scope_full()));
+            }
             match entry {
                 // The lapsed claim's place among the in-flight ones passes to the new claim.
                 Entry::InFlight(_) => *entry = Entry::InFlight(claim),
@@ -455,9 +492,13 @@ impl Records {
                     *entry = Entry::InFlight(claim);
                     shard.completed -= 1;
                     self.bytes.fetch_sub(freed, Ordering::Relaxed);
+                    self.shares.refund(id, freed);
                 }
             }
             return Attempt::Done(Ok(ClaimOutcome::Claimed));
+        }
+        if self.refuses_scope(id) {
+            return Attempt::Done(Err(self.scope_full()));
         }
         if self.refuses_claims() {
             return match may_sweep {
@@ -513,11 +554,48 @@ impl Records {
         self.publish(shard_index(hash), shard);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_add(added, Ordering::Relaxed);
+        self.shares.charge(id, hash, added);
         drop(guard);
         if self.when_full == WhenFull::EvictLeastRecentlyUsed {
+            if self.shares.is_over(id) {
+                self.evict_own_records(id, (shard_index(hash), stamp));
+            }
             self.evict_to_bound((shard_index(hash), stamp));
         }
         FenceOutcome::Applied
+    }
+
+    /// At the bound, evicts the oldest stored records of the scope of `id` while it holds more
+    /// than its share (never `just_stored`, the record the calling completion stored): a scope
+    /// over its share makes room from its own records, not other scopes'.
+    fn evict_own_records(&self, id: &[u8], just_stored: (usize, u64)) {
+        let scope = crate::id::scope_of(id);
+        while self.bytes() > self.max_bytes && self.shares.is_over(id) {
+            let Some(hash) = self.shares.oldest(id) else {
+                return;
+            };
+            let index = shard_index(hash);
+            let mut guard = self.lock(index);
+            let shard = &mut *guard;
+            let found = shard.table.find_entry(hash, |(k, e)| {
+                crate::id::scope_of(k) == scope
+                    && matches!(e, Entry::Completed(c) if (index, c.stamp) != just_stored)
+            });
+            let Ok(slot) = found else {
+                continue; // gone since, or the record just stored
+            };
+            let ((gone, entry), _) = slot.remove();
+            if let Entry::Completed(record) = entry {
+                shard.completed -= 1;
+                let freed = weight(gone.len(), &record.encoded);
+                self.bytes.fetch_sub(freed, Ordering::Relaxed);
+                self.shares.refund(&gone, freed);
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("idempotency_memory_evictions_total").increment(1);
+            }
+            shard.compact();
+            self.publish(index, shard);
+        }
     }
 
     /// Evicts the least recently used records until the bound holds: each time from the shard
@@ -557,7 +635,7 @@ impl Records {
             let keep = (index == just_stored.0).then_some(just_stored.1);
             let eviction = {
                 let mut shard = self.lock(index);
-                let eviction = shard.evict_least_recently_used(keep, not_after);
+                let eviction = shard.evict_least_recently_used(keep, not_after, &self.shares);
                 self.publish(index, &shard);
                 eviction
             };
@@ -637,8 +715,9 @@ impl Records {
             }
             Entry::Completed(record) => {
                 shard.completed -= 1;
-                self.bytes
-                    .fetch_sub(weight(id.len(), &record.encoded), Ordering::Relaxed);
+                let freed = weight(id.len(), &record.encoded);
+                self.bytes.fetch_sub(freed, Ordering::Relaxed);
+                self.shares.refund(&id, freed);
             }
         }
         Ok(None)
@@ -652,7 +731,8 @@ impl Records {
             if purged >= limit {
                 break;
             }
-            let (claims, completed, bytes) = self.lock(index).sweep(now, limit - purged);
+            let (claims, completed, bytes) =
+                self.lock(index).sweep(now, limit - purged, &self.shares);
             self.in_flight.fetch_sub(claims, Ordering::Relaxed);
             self.bytes.fetch_sub(bytes, Ordering::Relaxed);
             purged += claims + completed;
@@ -717,7 +797,12 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_record_is_evicted_first() {
-        let records = Records::new(3 * weight_of_one(), 100, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(
+            3 * weight_of_one(),
+            100,
+            WhenFull::EvictLeastRecentlyUsed,
+            u64::MAX,
+        );
         for n in 1..=3 {
             store(&records, n);
         }
@@ -737,7 +822,12 @@ mod tests {
     #[test]
     fn a_completion_never_evicts_the_record_it_stored() {
         let one = weight(spread_id(0).len(), &response().encode());
-        let records = Records::new(one + one / 2, 100, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(
+            one + one / 2,
+            100,
+            WhenFull::EvictLeastRecentlyUsed,
+            u64::MAX,
+        );
         // An older record in shard 1, then a new one in shard 0, which holds nothing older
         // than the new record (the cursor of an earlier version of eviction started there).
         let (older, newer) = (spread_id(1), spread_id(0));
@@ -783,7 +873,7 @@ mod tests {
     #[test]
     fn eviction_takes_the_store_s_least_recently_used_record_whatever_its_shard() {
         let one = weight(spread_id(0).len(), &response().encode());
-        let records = Records::new(3 * one, 100, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(3 * one, 100, WhenFull::EvictLeastRecentlyUsed, u64::MAX);
         // Three records in shards 2, 1 and 0, oldest first; then the oldest is read again,
         // so the one in shard 1 is the least recently used. Shard 0 comes first in any scan,
         // and shard 2 held the oldest record before the read.
@@ -825,7 +915,7 @@ mod tests {
         let one = weight(id_in(0, 0).len(), &response().encode());
         // 300 records in shard 1, one a millisecond; one in shard 2 among them (after the
         // 279th), read again after the last, so its shard says it is older than it is.
-        let records = Records::new(301 * one, 1000, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(301 * one, 1000, WhenFull::EvictLeastRecentlyUsed, u64::MAX);
         let read_again = id_in(2, 0);
         for n in 1..=300 {
             store_id_then_tick(&records, &id_in(1, n));
@@ -859,7 +949,7 @@ mod tests {
 
     #[test]
     fn a_replayed_record_does_not_grow_the_recency_queue_without_bound() {
-        let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed, u64::MAX);
         store(&records, 1);
         for _ in 0..10_000 {
             assert!(records.get(&id(1)).unwrap().is_some());
@@ -868,14 +958,16 @@ mod tests {
         assert!(queued <= 2 + 64 + 1, "{queued} pairs queued for one record");
         // The record's own pair survived compaction: it is still evictable.
         assert_eq!(
-            records.lock(0).evict_least_recently_used(None, EMPTY),
+            records
+                .lock(0)
+                .evict_least_recently_used(None, EMPTY, &records.shares),
             Eviction::Freed(weight_of_one())
         );
     }
 
     #[test]
     fn a_claim_over_an_expired_record_takes_its_slot_and_frees_its_bytes() {
-        let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed);
+        let records = Records::new(1 << 20, 100, WhenFull::EvictLeastRecentlyUsed, u64::MAX);
         let token = LeaseToken::new();
         records.claim(&id(1), &fingerprint(), token, HOUR).unwrap();
         let done = records.complete(&id(1), token, &response(), Duration::ZERO);
@@ -889,14 +981,21 @@ mod tests {
         assert_eq!(records.in_flight(), 1);
         // Its old recency pair is stale: nothing is left to evict.
         assert_eq!(
-            records.lock(0).evict_least_recently_used(None, EMPTY),
+            records
+                .lock(0)
+                .evict_least_recently_used(None, EMPTY, &records.shares),
             Eviction::Nothing
         );
     }
 
     #[test]
     fn a_store_refusing_claims_sweeps_expired_records_and_takes_claims_again() {
-        let records = Records::new(2 * weight_of_one(), 100, WhenFull::RefuseNewClaims);
+        let records = Records::new(
+            2 * weight_of_one(),
+            100,
+            WhenFull::RefuseNewClaims,
+            u64::MAX,
+        );
         for n in 1..=2 {
             let token = LeaseToken::new();
             records.claim(&id(n), &fingerprint(), token, HOUR).unwrap();
@@ -912,6 +1011,84 @@ mod tests {
         assert_eq!(claimed, ClaimOutcome::Claimed);
         assert_eq!(records.bytes(), weight_of_one());
         assert_eq!(records.evicted(), 0);
+    }
+
+    /// An id of scope `scope` (one byte) and key `n`, laid out as the store's ids are, in shard
+    /// `n % 4`.
+    fn scoped_id(scope: u8, n: u16) -> Vec<u8> {
+        let hash = (u64::from(n % 4) << SHARD_SHIFT) | u64::from(n) | (u64::from(scope) << 16);
+        let mut id = hash.to_le_bytes().to_vec();
+        id.extend_from_slice(&1u16.to_le_bytes());
+        id.push(scope);
+        id.extend_from_slice(&n.to_le_bytes());
+        id
+    }
+
+    fn store_in(records: &Records, id: &[u8]) {
+        let token = LeaseToken::new();
+        let claimed = records.claim(id, &fingerprint(), token, HOUR);
+        assert!(matches!(claimed, Ok(ClaimOutcome::Claimed)), "{claimed:?}");
+        assert_eq!(
+            records.complete(id, token, &response(), HOUR),
+            FenceOutcome::Applied
+        );
+    }
+
+    #[test]
+    fn a_scope_flooding_a_full_store_evicts_only_its_own_records() {
+        let one = weight(scoped_id(0, 0).len(), &response().encode());
+        let records = Records::new(10 * one, 100, WhenFull::EvictLeastRecentlyUsed, 2 * one);
+        // The victim's records are the store's least recently used when the flood starts.
+        let victim: Vec<Vec<u8>> = (0..2).map(|n| scoped_id(b'b', n)).collect();
+        victim.iter().for_each(|id| store_in(&records, id));
+        for n in 0..500 {
+            store_in(&records, &scoped_id(b'a', n));
+            check_accounting(&records);
+            assert!(records.bytes() <= 10 * one);
+        }
+        for id in &victim {
+            assert!(
+                holds(&records, id),
+                "the flood evicted another scope's record"
+            );
+        }
+        // The flooding scope kept its newest records, within the bound.
+        assert!(holds(&records, &scoped_id(b'a', 499)));
+        assert!(!holds(&records, &scoped_id(b'a', 0)));
+        assert!(records.evicted() >= 490);
+    }
+
+    #[test]
+    fn without_shares_the_same_flood_evicts_the_other_scope_s_records() {
+        // What the shares prevent: one least-recently-used order for every scope.
+        let one = weight(scoped_id(0, 0).len(), &response().encode());
+        let records = Records::new(10 * one, 100, WhenFull::EvictLeastRecentlyUsed, u64::MAX);
+        let victim = scoped_id(b'b', 0);
+        store_in(&records, &victim);
+        for n in 0..20 {
+            store_in(&records, &scoped_id(b'a', n));
+        }
+        assert!(!holds(&records, &victim));
+    }
+
+    #[test]
+    fn a_refusing_store_refuses_the_scope_at_its_share_and_not_the_others() {
+        let one = weight(scoped_id(0, 0).len(), &response().encode());
+        let records = Records::new(10 * one, 100, WhenFull::RefuseNewClaims, 2 * one);
+        store_in(&records, &scoped_id(b'a', 0));
+        store_in(&records, &scoped_id(b'a', 1));
+        let refused = records.claim(&scoped_id(b'a', 2), &fingerprint(), LeaseToken::new(), HOUR);
+        assert!(
+            matches!(refused, Err(StoreError::ScopeFull { .. })),
+            "{refused:?}"
+        );
+        // Its stored keys still answer, and another scope still claims.
+        assert!(matches!(
+            records.claim(&scoped_id(b'a', 0), &fingerprint(), LeaseToken::new(), HOUR),
+            Ok(ClaimOutcome::Existing(_))
+        ));
+        store_in(&records, &scoped_id(b'b', 0));
+        check_accounting(&records);
     }
 
     /// The accounting the bound and the limits rest on, recomputed from the table.
@@ -960,6 +1137,19 @@ mod tests {
             );
             completed += in_shard;
         }
+        if records.shares.limit() != u64::MAX {
+            let mut per_scope = std::collections::HashMap::new();
+            for index in 0..SHARDS {
+                for (id, entry) in records.lock(index).table.iter() {
+                    if let Entry::Completed(record) = entry {
+                        *per_scope
+                            .entry(crate::id::scope_of(id).to_vec())
+                            .or_insert(0) += weight(id.len(), &record.encoded);
+                    }
+                }
+            }
+            assert_eq!(records.shares.all(), per_scope, "each scope's weight");
+        }
         assert_eq!(records.in_flight(), in_flight, "in-flight count");
         assert_eq!(records.bytes(), bytes, "bytes counted");
         assert_eq!(records.completed(), completed);
@@ -989,10 +1179,13 @@ mod tests {
         ]
     }
 
-    /// Ids spread over a few shards, several per shard.
+    /// Ids spread over a few shards, several per shard, in two scopes (`a` and `b`), laid out
+    /// as the store's ids are (hash, scope length, scope, key).
     fn spread_id(n: u8) -> Vec<u8> {
         let hash = (u64::from(n % 3) << SHARD_SHIFT) | u64::from(n);
         let mut id = hash.to_le_bytes().to_vec();
+        id.extend_from_slice(&1u16.to_le_bytes());
+        id.push(b'a' + n % 2);
         id.push(n);
         id
     }
@@ -1007,18 +1200,29 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..60),
             refuse in proptest::bool::ANY,
             room in 1..6u64,
+            share in proptest::option::of(1..4u64),
         ) {
             let when_full = if refuse { WhenFull::RefuseNewClaims } else { WhenFull::EvictLeastRecentlyUsed };
-            let max_bytes = room * weight(spread_id(0).len(), &response().encode());
-            let records = Records::new(max_bytes, 8, when_full);
+            let one = weight(spread_id(0).len(), &response().encode());
+            let max_bytes = room * one;
+            let share = share.map_or(u64::MAX, |n| n * one);
+            let records = Records::new(max_bytes, 8, when_full, share);
             let mut tokens = std::collections::HashMap::new();
             for op in ops {
                 match op {
                     Op::Claim { id, lease_ms } => {
                         let token = LeaseToken::new();
                         let lease = Duration::from_millis(u64::from(lease_ms));
-                        if let Ok(ClaimOutcome::Claimed) = records.claim(&spread_id(id), &fingerprint(), token, lease) {
-                            tokens.insert(id, token);
+                        let refused_scope = refuse && records.shares.is_full(&spread_id(id));
+                        match records.claim(&spread_id(id), &fingerprint(), token, lease) {
+                            Ok(ClaimOutcome::Claimed) => {
+                                proptest::prop_assert!(!refused_scope, "a scope at its share took a new claim");
+                                tokens.insert(id, token);
+                            }
+                            Err(StoreError::ScopeFull { .. }) => {
+                                proptest::prop_assert!(refused_scope, "a scope under its share was refused");
+                            }
+                            _ => {}
                         }
                     }
                     Op::Complete { id, retention_ms } => {

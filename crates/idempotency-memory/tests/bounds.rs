@@ -166,6 +166,8 @@ mod memory {
         let store = MemoryStore::builder()
             .max_stored_bytes(CAP)
             .when_full(WhenFull::RefuseNewClaims)
+            // The bound itself, reached by one scope: no per-scope share before it.
+            .max_bytes_per_scope(u64::MAX)
             .build();
         let scope = Scope::new("user").unwrap();
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);

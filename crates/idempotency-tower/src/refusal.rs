@@ -47,6 +47,9 @@ pub enum RefusalKind {
     BodyTimeout,
     /// The store could not be reached (503, `Retry-After`).
     StoreUnavailable,
+    /// The caller holds its share of the store and may not start new keys until some of its
+    /// records expire (429, `Retry-After`); its existing keys still replay.
+    ScopeFull,
     /// The handler panicked or its response body failed (500).
     HandlerFailed,
     /// The request's transaction did not commit, or its `COMMIT` failed on the way and may
@@ -201,6 +204,9 @@ pub(crate) enum Problem {
     StoreUnavailable {
         retry_after: Duration,
     },
+    ScopeFull {
+        retry_after: Duration,
+    },
     HandlerFailed,
     NotCommitted {
         retry_after: Duration,
@@ -216,6 +222,7 @@ impl Problem {
         let retry_after = match &self {
             Problem::InFlight { retry_after }
             | Problem::StoreUnavailable { retry_after }
+            | Problem::ScopeFull { retry_after }
             | Problem::NotCommitted { retry_after } => Some(*retry_after),
             _ => None,
         };
@@ -231,6 +238,7 @@ impl Problem {
             Problem::BodyUnreadable => RefusalKind::BodyUnreadable,
             Problem::BodyTimeout { .. } => RefusalKind::BodyTimeout,
             Problem::StoreUnavailable { .. } => RefusalKind::StoreUnavailable,
+            Problem::ScopeFull { .. } => RefusalKind::ScopeFull,
             Problem::HandlerFailed => RefusalKind::HandlerFailed,
             Problem::NotCommitted { .. } => RefusalKind::NotCommitted,
             Problem::TransactionMisused => RefusalKind::TransactionMisused,
@@ -341,6 +349,16 @@ impl Problem {
                 "Idempotency store unavailable",
                 "The request was not run because its idempotency could not be guaranteed; retry later.".into(),
                 "idempotency_store_unavailable",
+            ),
+            Problem::ScopeFull { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "scope-full",
+                "Too many stored requests for this caller",
+                "This caller's requests hold their whole share of the idempotency store; new keys are refused until some of them expire (retry after the time in Retry-After). Keys already used still replay.".into(),
+                match profile {
+                    Profile::Ietf => "idempotency_scope_full",
+                    Profile::Stripe => "rate_limit",
+                },
             ),
             Problem::NotCommitted { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,

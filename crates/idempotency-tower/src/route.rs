@@ -44,11 +44,13 @@ pub(crate) enum Outcome {
     Executed,
     /// The handler panicked or its response body failed.
     HandlerFailed,
+    /// The caller holds its share of the store; answered 429.
+    ScopeFull,
 }
 
 impl Outcome {
     /// Every outcome, in the order of their discriminants.
-    const ALL: [Outcome; 13] = [
+    const ALL: [Outcome; 14] = [
         Outcome::Passthrough,
         Outcome::KeyMissing,
         Outcome::KeyInvalid,
@@ -62,6 +64,7 @@ impl Outcome {
         Outcome::Mismatch,
         Outcome::Executed,
         Outcome::HandlerFailed,
+        Outcome::ScopeFull,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -79,6 +82,7 @@ impl Outcome {
             Outcome::Mismatch => "mismatch",
             Outcome::Executed => "executed",
             Outcome::HandlerFailed => "handler_failed",
+            Outcome::ScopeFull => "scope_full",
         }
     }
 

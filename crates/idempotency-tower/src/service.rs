@@ -18,7 +18,7 @@ use http::{HeaderValue, Request, Response, header};
 use http_body::Body;
 use idempotency_core::{
     Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
-    StoredResponse, Superseded,
+    StoreError, StoredResponse, Superseded,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -31,6 +31,10 @@ use tracing::Instrument;
 /// How long a client is told to wait after a 503 because the store was unreachable or the
 /// request's transaction did not commit, and after a 409 for a lease lost at commit time.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` for a caller that holds its share of the store: its records must expire
+/// first, which takes far longer than a second; a minute keeps a polite client from hammering.
+const SCOPE_FULL_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
 pub struct IdempotencyService<Inner, S> {
@@ -261,6 +265,11 @@ where
                 tracing::warn!(error = %ErrorChain(&error), "idempotency store failed; running without idempotency (fail open)");
                 Outcome::StoreErrorFailOpen.record(&route);
                 Ok(inner.call(request).await?.map(boxed))
+            }
+            Err(StoreError::ScopeFull { .. }) => {
+                tracing::debug!("this caller holds its share of the idempotency store; answering 429");
+                let problem = Problem::ScopeFull { retry_after: SCOPE_FULL_RETRY_AFTER };
+                Ok(refuse(&shared, &route, Refused(problem, Outcome::ScopeFull)))
             }
             Err(error) => {
                 tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");

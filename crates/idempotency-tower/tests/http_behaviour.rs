@@ -832,6 +832,8 @@ async fn a_full_memory_store_refusing_claims_answers_503_and_runs_nothing() {
     let store = MemoryStore::builder()
         .max_stored_bytes(16 * 1024)
         .when_full(WhenFull::RefuseNewClaims)
+        // The store's own bound, reached by one caller: no per-caller share before it.
+        .max_bytes_per_scope(u64::MAX)
         .build();
     let app = app_with(|b| b, store, runs.clone());
     let key = |i: usize| format!("8e03978e-40d5-43e8-bc93-{i:012}");
@@ -879,6 +881,63 @@ async fn a_full_memory_store_refusing_claims_answers_503_and_runs_nothing() {
         assert_eq!(headers["idempotent-replayed"], "true", "key {i}");
     }
     assert_eq!(runs.load(Ordering::SeqCst), created, "a replay ran again");
+}
+
+/// A memory store refusing claims at the bound, with per-caller shares (the default, an eighth
+/// of the bound): the caller at its share gets 429 `scope-full` with `Retry-After` and its
+/// handler does not run, its completed keys still replay, and another caller is served.
+#[tokio::test]
+async fn a_caller_at_its_share_of_a_refusing_memory_store_gets_429_and_others_go_on() {
+    use idempotency_memory::WhenFull;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::builder()
+        .max_stored_bytes(64 * 1024)
+        .when_full(WhenFull::RefuseNewClaims)
+        .build();
+    let app = app_with(|b| b, store, runs.clone());
+    let key = |i: usize| format!("8e03978e-40d5-43e8-bc93-{i:012}");
+    let body = "x".repeat(500);
+    let mut created = 0;
+    let (status, headers, answer) = loop {
+        let sent = request(
+            Method::POST,
+            "/tasks",
+            Some(&key(created)),
+            Some("alice"),
+            &body,
+        );
+        let (status, headers, answer) = send(&app, sent).await;
+        if status != StatusCode::CREATED {
+            break (status, headers, answer);
+        }
+        created += 1;
+        assert!(created < 1000, "the share never refused a claim");
+    };
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers[header::RETRY_AFTER], "60");
+    assert_eq!(problem(&answer)["status"], 429);
+    assert!(
+        problem(&answer)["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("scope-full")),
+        "{}",
+        problem(&answer)
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        created,
+        "the refused request ran"
+    );
+    // Her completed keys replay; another caller's new key runs.
+    let again = request(Method::POST, "/tasks", Some(&key(0)), Some("alice"), &body);
+    let (status, headers, _) = send(&app, again).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::CREATED, &"true".parse().unwrap())
+    );
+    let other = request(Method::POST, "/tasks", Some(&key(0)), Some("bob"), &body);
+    assert_eq!(send(&app, other).await.0, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), created + 1);
 }
 
 /// The default at the bound, `WhenFull::EvictLeastRecentlyUsed`: completed keys are evicted
