@@ -266,6 +266,51 @@ mod postgres {
         assert_eq!(json(&list_a).as_array().unwrap().len(), 1);
         assert_eq!(list_a, list_b);
     }
+
+    /// Without pg_cron (this server has none), the demo deletes expired keys itself: a
+    /// flood of keys does not grow the table for good (issue 28 item 1).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_demo_purges_expired_keys_without_pg_cron() {
+        use idempotency::{
+            BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat,
+            LeaseToken, PostgresStore, Scope, StoredResponse,
+        };
+        let db = idempotency_e2e::TestDatabase::create("demo_purge").await;
+        let store = PostgresStore::connect(db.url()).await.unwrap();
+        store.migrate().await.unwrap();
+        let (scope, token) = (Scope::new("expired").unwrap(), LeaseToken::new());
+        let key = IdempotencyKey::parse(b"expired-key", KeyFormat::opaque()).unwrap();
+        let fp = Fingerprint::of_request("POST", "/tasks", b"", BodyCanonicalization::Raw);
+        let lease = std::time::Duration::from_secs(60);
+        store.claim(&scope, &key, &fp, token, lease).await.unwrap();
+        let response = StoredResponse::new(StatusCode::CREATED, Default::default(), Bytes::new());
+        let retention = std::time::Duration::from_millis(1);
+        let completed = store
+            .complete(&scope, &key, token, &response, retention)
+            .await
+            .unwrap();
+        assert_eq!(completed, idempotency::FenceOutcome::Applied);
+        let client = db.connect().await;
+        let rows = || async {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM idempotency_keys WHERE key = 'expired-key'",
+                    &[],
+                )
+                .await;
+            row.unwrap().get::<_, i64>(0)
+        };
+        assert_eq!(rows().await, 1, "the expired record is in the table");
+
+        let _app = idempotency_demo::build_app(db.url()).await.unwrap();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rows().await != 0 {
+            assert!(tokio::time::Instant::now() < until, "the demo never purged");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        drop(client);
+        db.drop().await;
+    }
 }
 
 mod redis {

@@ -145,12 +145,26 @@ async fn postgres_store(url: &str, options: &Options) -> Result<PostgresStore, D
         .build()
         .await
         .map_err(idempotency::ConnectError::from)?;
-    store
+    let migrated = store
         .migrate()
         .await
         .map_err(idempotency::ConnectError::from)?;
+    if matches!(
+        migrated.purge_job,
+        idempotency::postgres::PurgeJob::PgCronUnavailable { .. }
+    ) {
+        // No pg_cron to delete expired keys: the demo does it, hourly, so a flood of keys does
+        // not grow the table for good.
+        let purged = store.clone();
+        tokio::spawn(async move {
+            idempotency::purge_periodically(&purged, PURGE_EVERY, 10_000).await;
+        });
+    }
     Ok(store)
 }
+
+/// How often the demo deletes expired keys when pg_cron does not.
+const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The app on a given idempotency store and task storage.
 pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
