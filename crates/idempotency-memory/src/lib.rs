@@ -33,6 +33,14 @@
 //!   [`WhenFull`] decides: evict the least recently used completed records (the default; a
 //!   retry of an evicted key runs again, counted by [`MemoryStore::evicted_records`] and
 //!   `idempotency_memory_evictions_total`), or refuse new claims until records expire.
+//! - **Each scope has a share of the bound** (an eighth by default,
+//!   [`MemoryStoreBuilder::max_bytes_per_scope`]): at the bound, a completion whose scope holds
+//!   more than its share evicts that scope's own oldest records, not other users'; under
+//!   [`WhenFull::RefuseNewClaims`] the scope at its share is refused (429), not everyone. One
+//!   user flooding the store with new keys so pushes out only its own records; it takes eight
+//!   users flooding together to reach the others'. The unscoped key space has no share. The
+//!   responses of one scope's requests already in flight when it reaches its share are still
+//!   stored, so a scope can pass its share by those.
 //! - In-flight claims take memory besides the bound: about 100 bytes plus the key and scope
 //!   each, at most [`MemoryStoreBuilder::max_in_flight`] of them.
 //! - Nothing survives a restart of the process.
