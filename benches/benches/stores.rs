@@ -133,36 +133,47 @@ fn stores(c: &mut Criterion) {
     }
     group.finish();
 
-    // `MemoryStore::default()` at its bound (64 MiB): each fresh key's completion evicts the
-    // store's least recently used record, as in the HTTP fresh-key workload once it is full.
-    let full = MemoryStore::default();
-    let store_one = |key, token| {
-        let (full, scope, response) = (&full, &scope, &response);
-        async move {
-            let claimed = full.claim(scope, &key, &fp, token, LEASE).await;
-            assert!(matches!(claimed, Ok(ClaimOutcome::Claimed)));
-            let completed = full.complete(scope, &key, token, response, RETENTION).await;
-            assert!(completed.is_ok());
-        }
-    };
-    runtime.block_on(async {
-        while full.evicted_records() == 0 {
-            store_one(fresh_key(), LeaseToken::new()).await;
-        }
-    });
+    // `MemoryStore::default()` at its bound (64 MiB): each fresh key's completion evicts a
+    // record, as in the HTTP fresh-key workload once it is full. With one scope over its share
+    // (the default: an eighth of the bound), the scope's own oldest record goes; without shares
+    // (`max_bytes_per_scope(u64::MAX)`), the store's least recently used one: the difference is
+    // what the per-scope shares cost on this path.
     let mut group = c.benchmark_group("memory_at_bound");
-    group.bench_function("claim_complete_evict", |b| {
-        b.to_async(&runtime).iter_custom(|iters| async move {
-            let mut measured = Duration::ZERO;
-            for _ in 0..iters {
-                let (key, token) = (fresh_key(), LeaseToken::new());
-                let started = Instant::now();
-                store_one(key, token).await;
-                measured += started.elapsed();
+    let stores = [
+        ("claim_complete_evict", MemoryStore::default()),
+        (
+            "claim_complete_evict_no_shares",
+            MemoryStore::builder().max_bytes_per_scope(u64::MAX).build(),
+        ),
+    ];
+    for (name, full) in &stores {
+        let store_one = |key, token| {
+            let (scope, response) = (&scope, &response);
+            async move {
+                let claimed = full.claim(scope, &key, &fp, token, LEASE).await;
+                assert!(matches!(claimed, Ok(ClaimOutcome::Claimed)));
+                let completed = full.complete(scope, &key, token, response, RETENTION).await;
+                assert!(completed.is_ok());
             }
-            measured
-        })
-    });
+        };
+        runtime.block_on(async {
+            while full.evicted_records() == 0 {
+                store_one(fresh_key(), LeaseToken::new()).await;
+            }
+        });
+        group.bench_function(*name, |b| {
+            b.to_async(&runtime).iter_custom(|iters| async move {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    let (key, token) = (fresh_key(), LeaseToken::new());
+                    let started = Instant::now();
+                    store_one(key, token).await;
+                    measured += started.elapsed();
+                }
+                measured
+            })
+        });
+    }
     group.finish();
 
     for (_, store) in &connected {
