@@ -24,6 +24,26 @@ fn with_buffers<R>(mut f: impl FnMut(&mut crate::json::Buffers) -> R) -> R {
     }
 }
 
+/// Whether a request with `headers` may carry JSON: its `Content-Type` is a JSON media type
+/// (`application/json`, `application/<anything>+json`, with any parameters) or absent.
+fn may_be_json(headers: &http::HeaderMap) -> bool {
+    let Some(value) = headers.get(http::header::CONTENT_TYPE) else {
+        return true;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case("application")
+        && (subtype.eq_ignore_ascii_case("json")
+            || subtype.len() > 5
+                && subtype.is_char_boundary(subtype.len() - 5)
+                && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
+}
+
 /// How the request body enters the fingerprint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -100,7 +120,14 @@ impl Fingerprint {
         headers: &http::HeaderMap,
         body: &[u8],
     ) -> Self {
-        match (spec.canonicalization, &spec.projection) {
+        // A body whose request says it is not JSON is not read as JSON: the same bytes sent as
+        // `text/plain` are another request than the JSON one (their algorithms differ, so their
+        // fingerprints never match).
+        let canonicalization = match spec.canonicalization {
+            BodyCanonicalization::Json if !may_be_json(headers) => BodyCanonicalization::Raw,
+            other => other,
+        };
+        match (canonicalization, &spec.projection) {
             (BodyCanonicalization::Raw, _) => {
                 Self::hash_parts(spec, method, path_and_query, headers, body, false)
             }
@@ -155,7 +182,11 @@ impl Fingerprint {
         for name in &spec.headers {
             part(b"header");
             part(name.as_str().as_bytes());
-            for value in headers.get_all(name) {
+            // The count first: without it, values could pass for a header's tag and name and
+            // move between headers without changing the digest.
+            let values = headers.get_all(name);
+            part(&(values.iter().count() as u64).to_be_bytes());
+            for value in values {
                 part(value.as_bytes());
             }
         }
@@ -323,6 +354,64 @@ mod tests {
         let not_json = Fingerprint::of_request("POST", "/t", b"a=1", Json);
         assert_eq!(not_json.algorithm(), FingerprintAlgorithm::Sha256Raw);
         assert_eq!(not_json, Fingerprint::of_request("POST", "/t", b"a=1", Raw));
+    }
+
+    /// Issue 28 item 5: the same bytes sent as another media type are another request, and a
+    /// header's values cannot move to the next header without changing the digest.
+    #[test]
+    fn a_body_declared_not_json_is_not_read_as_json() {
+        let spec = FingerprintSpec::new();
+        let body = br#"{"a":1}"#;
+        let with = |content_type: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+            spec.fingerprint("POST", "/t", &headers, body)
+        };
+        let json = with("application/json");
+        assert_eq!(json.algorithm(), FingerprintAlgorithm::Sha256CanonicalJson);
+        assert_eq!(json, with("application/json; charset=utf-8"));
+        assert_eq!(json, with("Application/JSON"));
+        assert_eq!(json, with("application/merge-patch+json"));
+        // No Content-Type: read as JSON, as before.
+        assert_eq!(
+            json,
+            spec.fingerprint("POST", "/t", &http::HeaderMap::new(), body)
+        );
+        for other in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/jsonx",
+            "json",
+        ] {
+            let fingerprint = with(other);
+            assert_eq!(
+                fingerprint.algorithm(),
+                FingerprintAlgorithm::Sha256Raw,
+                "{other}"
+            );
+            assert_ne!(fingerprint, json, "{other}");
+        }
+    }
+
+    #[test]
+    fn header_values_cannot_move_between_headers() {
+        let (a, b) = (
+            http::HeaderName::from_static("x-a"),
+            http::HeaderName::from_static("x-b"),
+        );
+        let spec = FingerprintSpec::new().header(a.clone()).header(b.clone());
+        let mut first = http::HeaderMap::new();
+        first.append(&a, "v".parse().unwrap());
+        first.append(&a, "header".parse().unwrap());
+        first.append(&a, "x-b".parse().unwrap());
+        let mut second = http::HeaderMap::new();
+        second.append(&a, "v".parse().unwrap());
+        second.append(&b, "header".parse().unwrap());
+        second.append(&b, "x-b".parse().unwrap());
+        assert_ne!(
+            spec.fingerprint("POST", "/t", &first, b""),
+            spec.fingerprint("POST", "/t", &second, b"")
+        );
     }
 
     #[test]
