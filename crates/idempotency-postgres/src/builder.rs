@@ -105,6 +105,9 @@ impl PostgresStoreBuilder {
                 url_prepared = tls.prepared_statements;
                 let mut config = tokio_postgres::Config::from_str(&url)
                     .map_err(PostgresStoreError::InvalidUrl)?;
+                if let Some(why) = tls.password_exposure(&config) {
+                    tracing::warn!("{why}");
+                }
                 config.ssl_mode(tls.tokio_postgres_mode());
                 config.connect_timeout(self.connect_timeout);
                 if mode == TableMode::LoggedAsyncCommit {

@@ -3,16 +3,21 @@
 //! module takes the TLS parameters out of the string, hands the rest to tokio-postgres, and builds
 //! the connector.
 //!
-//! | `sslmode` | TLS | the server's certificate |
-//! | --- | --- | --- |
-//! | `disable` | never | - |
-//! | `prefer` (the default) | when the server offers it | not checked (as libpq) |
-//! | `require` | always | not checked (as libpq), unless `sslrootcert` is given: then as `verify-ca` |
-//! | `verify-ca` | always | signed by a trusted root |
-//! | `verify-full` | always | signed by a trusted root, and issued for the host connected to |
+//! | `sslmode` | TLS | the server's certificate | protects against |
+//! | --- | --- | --- | --- |
+//! | `disable` | never | - | nothing |
+//! | `prefer` (the default) | when the server offers it | not checked (as libpq) | a passive listener, if the server offers TLS; nothing against anyone who can answer for the server |
+//! | `require` | always | not checked (as libpq), unless `sslrootcert` is given: then as `verify-ca` | a passive listener |
+//! | `verify-ca` | always | signed by the CA in `sslrootcert` (required) | a passive listener, and a server without a certificate from that CA |
+//! | `verify-full` | always | signed by a trusted root, and issued for the host connected to | a passive listener, and any server but the one named |
 //!
-//! Trusted roots: the PEM file named by `sslrootcert`, or the system's roots (`sslrootcert=system`
-//! or no `sslrootcert`). Aurora and RDS: `sslmode=verify-full&sslrootcert=/path/to/global-bundle.pem`.
+//! Trusted roots: the PEM file named by `sslrootcert`; with `verify-full` only, the system's roots
+//! when `sslrootcert` is `system` or absent (the name check makes them safe). As libpq does,
+//! `sslrootcert=system` needs `verify-full`, and `verify-ca` needs a root file: the chain alone,
+//! checked against every public CA, accepts any publicly issued certificate for any name.
+//! Building a store whose URL carries a password over a connection that is not verified (to a
+//! host that is not this machine) logs a warning: whoever can answer for the server can ask for
+//! the password. Aurora and RDS: `sslmode=verify-full&sslrootcert=/path/to/global-bundle.pem`.
 
 use crate::error::PostgresStoreError;
 use std::path::PathBuf;
@@ -58,6 +63,8 @@ pub(crate) struct TlsSettings {
     pub(crate) mode: SslMode,
     /// `sslrootcert`: a PEM file of trusted roots; `None` for the system's roots.
     pub(crate) root_cert: Option<PathBuf>,
+    /// `sslrootcert=system` was given.
+    pub(crate) system_roots: bool,
     /// `prepared_statements`: `false` sends every statement unnamed.
     pub(crate) prepared_statements: bool,
 }
@@ -67,6 +74,7 @@ impl Default for TlsSettings {
         TlsSettings {
             mode: SslMode::default(),
             root_cert: None,
+            system_roots: false,
             prepared_statements: true,
         }
     }
@@ -79,8 +87,14 @@ pub(crate) fn split(url: &str) -> Result<(String, TlsSettings), PostgresStoreErr
     let mut take = |key: &str, value: &str| -> Result<bool, PostgresStoreError> {
         match key {
             "sslmode" => settings.mode = SslMode::parse(value)?,
-            "sslrootcert" if value == "system" => settings.root_cert = None,
-            "sslrootcert" => settings.root_cert = Some(PathBuf::from(value)),
+            "sslrootcert" if value == "system" => {
+                settings.root_cert = None;
+                settings.system_roots = true;
+            }
+            "sslrootcert" => {
+                settings.root_cert = Some(PathBuf::from(value));
+                settings.system_roots = false;
+            }
             "prepared_statements" => {
                 settings.prepared_statements = match value {
                     "true" | "on" | "1" => true,
@@ -133,7 +147,31 @@ pub(crate) fn split(url: &str) -> Result<(String, TlsSettings), PostgresStoreErr
         // libpq: with a root certificate, `require` verifies the chain.
         settings.mode = SslMode::VerifyCa;
     }
+    if settings.system_roots && settings.mode != SslMode::VerifyFull {
+        return Err(PostgresStoreError::InvalidTls(
+            "sslrootcert=system trusts every public CA, so it needs sslmode=verify-full (as \
+             libpq requires): without the host name check any publicly issued certificate passes"
+                .to_owned(),
+        ));
+    }
+    if settings.mode == SslMode::VerifyCa && settings.root_cert.is_none() {
+        return Err(PostgresStoreError::InvalidTls(
+            "sslmode=verify-ca checks the certificate's chain but not its host name, so it needs \
+             sslrootcert naming your server's CA (a PEM file): against the system's roots any \
+             publicly issued certificate would pass. Or use sslmode=verify-full"
+                .to_owned(),
+        ));
+    }
     Ok((rest, settings))
+}
+
+/// Whether `host` names this machine.
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn percent_decode(value: &str) -> Result<String, PostgresStoreError> {
@@ -160,6 +198,38 @@ fn percent_decode(value: &str) -> Result<String, PostgresStoreError> {
 }
 
 impl TlsSettings {
+    /// Why a connection with these settings would expose the password of `config`, if it
+    /// would: a password is set, a host is not this machine, and the server's certificate is
+    /// not verified (whoever can answer for the server can ask for the password).
+    pub(crate) fn password_exposure(&self, config: &tokio_postgres::Config) -> Option<String> {
+        use tokio_postgres::config::Host;
+        if config.get_password().is_none()
+            || matches!(self.mode, SslMode::VerifyCa | SslMode::VerifyFull)
+        {
+            return None;
+        }
+        let remote = config.get_hosts().iter().any(|host| match host {
+            Host::Tcp(name) => !is_loopback(name),
+            #[cfg(unix)]
+            Host::Unix(_) => false,
+        });
+        if !remote {
+            return None;
+        }
+        let how = match self.mode {
+            SslMode::Disable => "in plain text (sslmode=disable)",
+            SslMode::Prefer => {
+                "over TLS only if the server offers it, to a server whose certificate is not \
+                 checked (sslmode=prefer, the default)"
+            }
+            _ => "to a server whose certificate is not checked (sslmode=require)",
+        };
+        Some(format!(
+            "the database password is sent {how}: anyone who can answer for the server can ask \
+             for it. Use sslmode=verify-full with sslrootcert=<your CA's PEM file>"
+        ))
+    }
+
     /// tokio-postgres' own mode for these settings.
     pub(crate) fn tokio_postgres_mode(&self) -> tokio_postgres::config::SslMode {
         match self.mode {
@@ -180,6 +250,9 @@ pub async fn connect_raw(url: &str) -> Result<tokio_postgres::Client, PostgresSt
     let (rest, settings) = split(url)?;
     let mut config =
         tokio_postgres::Config::from_str(&rest).map_err(PostgresStoreError::InvalidUrl)?;
+    if let Some(why) = settings.password_exposure(&config) {
+        tracing::warn!("{why}");
+    }
     config.ssl_mode(settings.tokio_postgres_mode());
     let client = match Connector::for_settings(&settings)? {
         Connector::Plain(tls) => {
@@ -436,5 +509,64 @@ mod tests {
         );
         assert!(split("postgres://db/app?sslmode=verify-everything").is_err());
         assert!(split("postgres://db/app?sslcert=/c.pem").is_err());
+    }
+
+    /// Issue 28 item 2: no mode trusts the system's roots without checking the host name.
+    #[test]
+    fn the_system_roots_are_trusted_only_with_the_host_name_checked() {
+        let refused = |url: &str| match split(url) {
+            Err(PostgresStoreError::InvalidTls(why)) => why,
+            other => panic!("{url} must be refused, got {other:?}"),
+        };
+        assert!(refused("postgres://db/app?sslmode=verify-ca").contains("sslrootcert"));
+        assert!(
+            refused("postgres://db/app?sslmode=verify-ca&sslrootcert=system")
+                .contains("verify-full")
+        );
+        assert!(
+            refused("postgres://db/app?sslmode=require&sslrootcert=system").contains("verify-full")
+        );
+        assert!(refused("postgres://db/app?sslrootcert=system").contains("verify-full"));
+        let (_, s) = split("postgres://db/app?sslmode=verify-full&sslrootcert=system").unwrap();
+        assert_eq!(
+            (s.mode, s.root_cert, s.system_roots),
+            (SslMode::VerifyFull, None, true)
+        );
+        let (_, s) = split("postgres://db/app?sslmode=verify-full").unwrap();
+        assert_eq!((s.mode, s.root_cert), (SslMode::VerifyFull, None));
+        let (_, s) = split("postgres://db/app?sslmode=verify-ca&sslrootcert=%2Fca.pem").unwrap();
+        assert_eq!(s.mode, SslMode::VerifyCa);
+    }
+
+    #[test]
+    fn a_password_to_an_unverified_remote_server_is_named() {
+        use std::str::FromStr;
+        let exposure = |url: &str| {
+            let (rest, settings) = split(url).unwrap();
+            let config = tokio_postgres::Config::from_str(&rest).unwrap();
+            settings.password_exposure(&config)
+        };
+        for url in [
+            "postgres://app:secret@db.internal/app",
+            "postgres://app:secret@db.internal/app?sslmode=require",
+            "postgres://app:secret@db.internal/app?sslmode=disable",
+            "postgres://app:secret@10.0.0.5/app?sslmode=prefer",
+        ] {
+            let why = exposure(url).unwrap_or_else(|| panic!("{url} must warn"));
+            assert!(
+                why.contains("verify-full") && !why.contains("secret"),
+                "{why}"
+            );
+        }
+        for url in [
+            "postgres://app:secret@db.internal/app?sslmode=verify-full",
+            "postgres://app:secret@db.internal/app?sslmode=verify-ca&sslrootcert=%2Fca.pem",
+            "postgres://app@db.internal/app",
+            "postgres://app:secret@127.0.0.1/app",
+            "postgres://app:secret@localhost/app?sslmode=disable",
+            "postgres://app:secret@[::1]/app",
+        ] {
+            assert_eq!(exposure(url), None, "{url}");
+        }
     }
 }

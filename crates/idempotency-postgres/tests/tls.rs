@@ -124,6 +124,47 @@ mod postgres {
         }
     }
 
+    /// A server that declines TLS (no certificate, `ssl=off`): `prefer` (the default) falls
+    /// back to plain text, as libpq's does, and says so at build when a password would cross
+    /// it; `require` and the verifying modes refuse it. `verify-ca` without a root file is
+    /// refused before connecting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_declining_tls_gets_plain_text_only_under_prefer() {
+        let pg = TempPostgres::start(&[]).expect("a plain PostgreSQL");
+        let port = pg.port();
+        for params in ["", "sslmode=prefer"] {
+            let store = connect(&url(port, "127.0.0.1", params))
+                .await
+                .unwrap_or_else(|e| panic!("prefer must fall back: {}", message(&e)));
+            let client = store.pool().get().await.expect("connection");
+            let ssl: bool = client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_ssl")
+                .get(0);
+            assert!(!ssl, "{params:?}: a declining server gets plain text");
+        }
+        for mode in ["require", "verify-full"] {
+            let refused = connect(&url(port, "127.0.0.1", &format!("sslmode={mode}"))).await;
+            assert!(
+                refused.is_err(),
+                "sslmode={mode} must refuse a server without TLS"
+            );
+        }
+        match connect(&url(port, "127.0.0.1", "sslmode=verify-ca")).await {
+            Err(PostgresStoreError::InvalidTls(why)) => {
+                assert!(why.contains("sslrootcert"), "{why}")
+            }
+            other => panic!(
+                "verify-ca without a root must be refused, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+
     /// A certificate issued for another name: `verify-full` refuses it, `verify-ca` (chain only)
     /// accepts it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
