@@ -36,15 +36,18 @@ pub enum StoreError {
         /// What limit was reached.
         reason: String,
     },
-    /// The scope (one authenticated caller) holds its share of the store and may not claim new
-    /// keys until some of its records expire; its existing keys still replay, and other scopes
-    /// are not affected (the memory store's per-scope share). The layer answers 429.
-    #[error("this caller's share of the {backend} idempotency store ({share} bytes) is used up")]
+    /// The scope (one authenticated caller) may not start new keys for now: it holds its share
+    /// of the memory store, or used its new keys of the window
+    /// ([`EngineConfig::new_keys_per_scope`](crate::EngineConfig::new_keys_per_scope)). Its
+    /// used keys still replay, and other scopes are not affected. The layer answers 429.
+    #[error("this caller may not start new keys in the {backend} idempotency store: {reason}")]
     ScopeFull {
         /// Which store.
         backend: &'static str,
-        /// The share, in bytes of stored records.
-        share: u64,
+        /// Which limit was reached.
+        reason: String,
+        /// When the scope may try again, if known.
+        retry_after: Option<std::time::Duration>,
     },
     /// The store answered with an error that a retry will not fix (a query error, a script
     /// error, missing table or permission).

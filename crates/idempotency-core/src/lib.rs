@@ -59,7 +59,7 @@ mod transaction;
 pub use engine::LeaseRejection;
 pub use engine::{
     Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy,
-    RollbackCause, Superseded,
+    RollbackCause, ScopeLimit, Superseded,
 };
 pub use error::{BoxError, CorruptRecord, ErrorChain, StoreError};
 pub use fingerprint::{

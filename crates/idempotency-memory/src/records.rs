@@ -411,7 +411,12 @@ impl Records {
     fn scope_full(&self) -> StoreError {
         StoreError::ScopeFull {
             backend: BACKEND,
-            share: self.shares.limit(),
+            reason: format!(
+                "its completed records weigh its share of the bound, {} bytes; new keys wait \
+                 for them to expire",
+                self.shares.limit()
+            ),
+            retry_after: None,
         }
     }
 

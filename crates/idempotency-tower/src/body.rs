@@ -100,6 +100,45 @@ impl Body for RequestBody {
     }
 }
 
+/// The bytes of request bodies the layer may hold at once, across every request it serves: a
+/// thousand stalled uploads would otherwise pin a thousand times the body limit.
+pub(crate) struct BodyBudget(Option<std::sync::Arc<tokio::sync::Semaphore>>);
+
+impl std::fmt::Debug for BodyBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let free = self.0.as_ref().map(|s| s.available_permits());
+        f.debug_struct("BodyBudget").field("free", &free).finish()
+    }
+}
+
+/// A request's share of the [`BodyBudget`], given back when dropped.
+pub(crate) struct BodyPermit(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl BodyBudget {
+    /// A budget of `bytes` (`usize::MAX`: none).
+    pub(crate) fn new(bytes: usize) -> Self {
+        let max = tokio::sync::Semaphore::MAX_PERMITS;
+        BodyBudget((bytes < max).then(|| std::sync::Arc::new(tokio::sync::Semaphore::new(bytes))))
+    }
+
+    /// Takes `bytes` more for `permit`, or says the budget is spent (never waits: a request
+    /// refused at once is cheaper than one more held connection).
+    fn take(&self, permit: &mut BodyPermit, bytes: usize) -> Result<(), ReadError> {
+        let Some(budget) = &self.0 else {
+            return Ok(());
+        };
+        let wanted = u32::try_from(bytes).map_err(|_| ReadError::Busy)?;
+        let more = std::sync::Arc::clone(budget)
+            .try_acquire_many_owned(wanted)
+            .map_err(|_| ReadError::Busy)?;
+        match &mut permit.0 {
+            Some(held) => held.merge(more),
+            None => permit.0 = Some(more),
+        }
+        Ok(())
+    }
+}
+
 /// Why a request body was not read.
 pub(crate) enum ReadError {
     /// Longer than the limit: ours, or one an outer layer (axum's `DefaultBodyLimit`,
@@ -107,17 +146,25 @@ pub(crate) enum ReadError {
     TooLarge,
     /// The body failed or ended early.
     Unreadable,
+    /// The bodies being held already take the layer's whole budget.
+    Busy,
 }
 
-/// Reads a request body of at most `limit` bytes. A body that arrives in one frame (the
-/// common case: hyper hands a small body over in one piece) is returned as that frame's bytes,
-/// with no buffer list and no copy.
-pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+/// Reads a request body of at most `limit` bytes, taking its bytes from `budget` as they
+/// arrive (the permit returned holds them). A body that arrives in one frame (the common case:
+/// hyper hands a small body over in one piece) is returned as that frame's bytes, with no
+/// buffer list and no copy.
+pub(crate) async fn read_body<B>(
+    body: B,
+    limit: usize,
+    budget: &BodyBudget,
+) -> Result<(Bytes, BodyPermit), ReadError>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
     use bytes::Buf;
+    let mut permit = BodyPermit(None);
     let mut body = std::pin::pin!(body);
     let mut first: Option<Bytes> = None;
     let mut more: Option<BytesMut> = None;
@@ -132,6 +179,7 @@ where
         if len > limit {
             return Err(ReadError::TooLarge);
         }
+        budget.take(&mut permit, data.remaining())?;
         let data = data.copy_to_bytes(data.remaining());
         match (&mut first, &mut more) {
             (None, _) => first = Some(data),
@@ -144,11 +192,12 @@ where
             (Some(_), Some(buf)) => buf.extend_from_slice(&data),
         }
     }
-    Ok(match (first, more) {
+    let bytes = match (first, more) {
         (_, Some(buf)) => buf.freeze(),
         (Some(head), None) => head,
         (None, None) => Bytes::new(),
-    })
+    };
+    Ok((bytes, permit))
 }
 
 /// Whether a body error means "too large" (a limit an outer layer put on the body) or anything
@@ -249,8 +298,8 @@ mod tests {
             (&["abc"][..], false),
             (&["ab", "", "cd", "e"][..], true),
         ] {
-            let read = read_body(frames(parts, trailers), 5).await;
-            assert_eq!(read.ok().unwrap(), parts.concat().as_bytes());
+            let read = read_body(frames(parts, trailers), 5, &BodyBudget::new(usize::MAX)).await;
+            assert_eq!(read.ok().unwrap().0, parts.concat().as_bytes());
         }
     }
 
@@ -262,10 +311,38 @@ mod tests {
             &["ab", "cd", "ef"][..],
         ] {
             assert!(matches!(
-                read_body(frames(parts, false), 5).await,
+                read_body(frames(parts, false), 5, &BodyBudget::new(usize::MAX)).await,
                 Err(ReadError::TooLarge)
             ));
         }
+    }
+
+    /// Issue 28 item 3: bodies held at once are bounded across requests; a body that would
+    /// pass the budget is refused at once, and a finished request gives its bytes back.
+    #[tokio::test]
+    async fn bodies_held_at_once_are_bounded_by_the_budget() {
+        let budget = BodyBudget::new(8);
+        let (first, held) = read_body(frames(&["abc", "de"], false), 100, &budget)
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!(first, "abcde");
+        assert!(matches!(
+            read_body(frames(&["ab", "cd"], false), 100, &budget).await,
+            Err(ReadError::Busy)
+        ));
+        // A refused read gave back what it had taken: 3 bytes are still free.
+        assert!(
+            read_body(frames(&["abc"], false), 100, &budget)
+                .await
+                .is_ok()
+        );
+        drop(held);
+        assert!(
+            read_body(frames(&["abcdefgh"], false), 100, &budget)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]

@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) max_request_body: usize,
     /// How long a covered request's body may take to arrive.
     pub(crate) request_body_timeout: std::time::Duration,
+    /// The bytes of covered requests' bodies held at once, across every request.
+    pub(crate) max_buffered_request_bytes: usize,
     pub(crate) max_stored_body: usize,
     pub(crate) fail_open: bool,
     pub(crate) profile: Profile,
@@ -85,6 +87,7 @@ impl Default for Settings {
             key_format: KeyFormat::default(),
             max_request_body: 1024 * 1024,
             request_body_timeout: std::time::Duration::from_secs(30),
+            max_buffered_request_bytes: 128 * 1024 * 1024,
             max_stored_body: 1024 * 1024,
             fail_open: false,
             profile: Profile::Ietf,
@@ -117,4 +120,6 @@ pub(crate) struct Shared<S> {
     pub(crate) render: RenderRefusal,
     /// The counters' keys of the routes served so far.
     pub(crate) routes: crate::route::RouteKeys,
+    /// The bytes of request bodies held at once, across every request.
+    pub(crate) bodies: crate::body::BodyBudget,
 }

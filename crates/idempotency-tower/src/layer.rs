@@ -220,6 +220,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
                 engine: Engine::new(self.store, self.engine),
                 scope: self.scope.0,
                 render: self.settings.renderer(),
+                bodies: crate::body::BodyBudget::new(self.settings.max_buffered_request_bytes),
                 settings: self.settings,
                 routes: Default::default(),
             }),
@@ -280,6 +281,20 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
         self
     }
 
+    /// At most `keys` new keys per caller (scope) per `per`, in this process (default: no
+    /// limit). A request that would start one more is answered 429 `scope-full` with the time
+    /// left in the window as `Retry-After`, its handler not run and its key released; the
+    /// caller's used keys still replay, and other callers go on. PostgreSQL and Redis stores
+    /// evict nothing, so without it one caller can grow the key table, or fill Redis to
+    /// `maxmemory` (after which every caller's claims fail), as fast as it can send new keys.
+    /// The memory store gives each caller a share of its bound instead
+    /// (`MemoryStoreBuilder::max_bytes_per_scope`). With N instances, a caller gets N times
+    /// `keys`.
+    pub fn new_keys_per_scope(mut self, keys: u32, per: Duration) -> Self {
+        self.engine.new_keys_per_scope = Some(idempotency_core::ScopeLimit { keys, per });
+        self
+    }
+
     /// How long a response is kept and replayed (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.engine.retention = retention;
@@ -328,6 +343,17 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// lives; past the deadline it gets `408 body-timeout`, nothing ran and nothing is stored.
     pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
         self.settings.request_body_timeout = timeout;
+        self
+    }
+
+    /// The bytes of covered requests' bodies the layer holds at once, across every request it
+    /// serves (default 128 MiB; `usize::MAX`: no bound). A body is held from its first byte
+    /// until its request's response is produced; a request whose body would pass the bound is
+    /// answered `503 busy` with `Retry-After: 1` at once, nothing ran and nothing is stored. With
+    /// [`request_body_timeout`](Self::request_body_timeout) it bounds what slow or stalled
+    /// uploads can pin: a thousand of them held a gigabyte without it.
+    pub fn max_buffered_request_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_buffered_request_bytes = bytes;
         self
     }
 

@@ -47,9 +47,11 @@ pub enum RefusalKind {
     BodyTimeout,
     /// The store could not be reached (503, `Retry-After`).
     StoreUnavailable,
-    /// The caller holds its share of the store and may not start new keys until some of its
-    /// records expire (429, `Retry-After`); its existing keys still replay.
+    /// The caller may not start new keys for now: it holds its share of the store, or used its
+    /// new keys of the window (429, `Retry-After`); its existing keys still replay.
     ScopeFull,
+    /// The layer holds as many request bodies as it may at once (503, `Retry-After`).
+    Busy,
     /// The handler panicked or its response body failed (500).
     HandlerFailed,
     /// The request's transaction did not commit, or its `COMMIT` failed on the way and may
@@ -207,6 +209,9 @@ pub(crate) enum Problem {
     ScopeFull {
         retry_after: Duration,
     },
+    Busy {
+        retry_after: Duration,
+    },
     HandlerFailed,
     NotCommitted {
         retry_after: Duration,
@@ -223,6 +228,7 @@ impl Problem {
             Problem::InFlight { retry_after }
             | Problem::StoreUnavailable { retry_after }
             | Problem::ScopeFull { retry_after }
+            | Problem::Busy { retry_after }
             | Problem::NotCommitted { retry_after } => Some(*retry_after),
             _ => None,
         };
@@ -239,6 +245,7 @@ impl Problem {
             Problem::BodyTimeout { .. } => RefusalKind::BodyTimeout,
             Problem::StoreUnavailable { .. } => RefusalKind::StoreUnavailable,
             Problem::ScopeFull { .. } => RefusalKind::ScopeFull,
+            Problem::Busy { .. } => RefusalKind::Busy,
             Problem::HandlerFailed => RefusalKind::HandlerFailed,
             Problem::NotCommitted { .. } => RefusalKind::NotCommitted,
             Problem::TransactionMisused => RefusalKind::TransactionMisused,
@@ -359,6 +366,13 @@ impl Problem {
                     Profile::Ietf => "idempotency_scope_full",
                     Profile::Stripe => "rate_limit",
                 },
+            ),
+            Problem::Busy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "Too many request bodies in flight",
+                "The server holds as many request bodies as it allows at once; nothing ran, retry after the time in Retry-After.".into(),
+                "server_busy",
             ),
             Problem::NotCommitted { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,

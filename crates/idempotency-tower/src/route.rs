@@ -46,11 +46,13 @@ pub(crate) enum Outcome {
     HandlerFailed,
     /// The caller holds its share of the store; answered 429.
     ScopeFull,
+    /// The layer holds as many request bodies as it may; answered 503.
+    Busy,
 }
 
 impl Outcome {
     /// Every outcome, in the order of their discriminants.
-    const ALL: [Outcome; 14] = [
+    const ALL: [Outcome; 15] = [
         Outcome::Passthrough,
         Outcome::KeyMissing,
         Outcome::KeyInvalid,
@@ -65,6 +67,7 @@ impl Outcome {
         Outcome::Executed,
         Outcome::HandlerFailed,
         Outcome::ScopeFull,
+        Outcome::Busy,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -83,6 +86,7 @@ impl Outcome {
             Outcome::Executed => "executed",
             Outcome::HandlerFailed => "handler_failed",
             Outcome::ScopeFull => "scope_full",
+            Outcome::Busy => "busy",
         }
     }
 

@@ -5,7 +5,8 @@
 //! and hands its response to the engine.
 
 use crate::body::{
-    BoxError, IdempotencyBody, Kept, ReadError, RequestBody, boxed, full, keep_up_to, read_body,
+    BodyPermit, BoxError, IdempotencyBody, Kept, ReadError, RequestBody, boxed, full, keep_up_to,
+    read_body,
 };
 use crate::config::{ScopeSource, Shared};
 use crate::detach::DetachOnDrop;
@@ -165,7 +166,7 @@ async fn read_request_body<B, S>(
     parts: &Parts,
     body: B,
     shared: &Shared<S>,
-) -> Result<Bytes, Refused>
+) -> Result<(Bytes, BodyPermit), Refused>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -181,10 +182,16 @@ where
         return Err(too_large());
     }
     let deadline = shared.settings.request_body_timeout;
-    match tokio::time::timeout(deadline, read_body(body, limit)).await {
+    match tokio::time::timeout(deadline, read_body(body, limit, &shared.bodies)).await {
         Ok(read) => read.map_err(|e| match e {
             ReadError::TooLarge => too_large(),
             ReadError::Unreadable => Refused(Problem::BodyUnreadable, Outcome::BodyUnreadable),
+            ReadError::Busy => Refused(
+                Problem::Busy {
+                    retry_after: RETRY_AFTER,
+                },
+                Outcome::Busy,
+            ),
         }),
         // Counted with the bodies that could not be read.
         Err(_) => Err(Refused(
@@ -235,8 +242,8 @@ where
         Ok(scope) => scope,
         Err(refused) => return Ok(refuse(&shared, &route, refused)),
     };
-    let bytes = match read_request_body(&parts, body, &shared).await {
-        Ok(bytes) => bytes,
+    let (bytes, body_permit) = match read_request_body(&parts, body, &shared).await {
+        Ok(read) => read,
         Err(refused) => return Ok(refuse(&shared, &route, refused)),
     };
     let path_and_query = original_uri(&parts)
@@ -257,6 +264,8 @@ where
         outcome = tracing::field::Empty,
     );
     async move {
+        // The body's bytes stay counted until the response is produced.
+        let _body_permit = body_permit;
         let request = Request::from_parts(parts, RequestBody::from_bytes(bytes));
         match shared.engine.begin(scope, key, fingerprint).await {
             // Only a store that could not be reached: one that answered (a corrupt record, a
@@ -266,9 +275,10 @@ where
                 Outcome::StoreErrorFailOpen.record(&route);
                 Ok(inner.call(request).await?.map(boxed))
             }
-            Err(StoreError::ScopeFull { .. }) => {
-                tracing::debug!("this caller holds its share of the idempotency store; answering 429");
-                let problem = Problem::ScopeFull { retry_after: SCOPE_FULL_RETRY_AFTER };
+            Err(StoreError::ScopeFull { retry_after, .. }) => {
+                tracing::debug!("this caller may not start new keys now; answering 429");
+                let retry_after = retry_after.unwrap_or(SCOPE_FULL_RETRY_AFTER);
+                let problem = Problem::ScopeFull { retry_after };
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::ScopeFull)))
             }
             Err(error) => {

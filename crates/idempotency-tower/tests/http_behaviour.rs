@@ -1227,3 +1227,91 @@ async fn a_stalled_body_gets_408_at_the_read_deadline() {
     .await;
     assert_eq!(status, StatusCode::CREATED);
 }
+
+/// Issue 28 item 3: the bodies held at once are bounded across requests. While one upload is
+/// stalled holding 600 of a 1,000-byte budget, a second 600-byte body is answered `503 busy`
+/// with `Retry-After` at once, nothing ran; a small body still fits, and once the stalled
+/// upload times out its bytes are free again.
+#[tokio::test]
+async fn bodies_past_the_layer_s_budget_are_answered_busy_at_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| {
+            b.max_buffered_request_bytes(1000)
+                .request_body_timeout(Duration::from_millis(500))
+        },
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let stalled = futures_util::stream::unfold(0, |sent| async move {
+        if sent == 0 {
+            Some((Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 600])), 1))
+        } else {
+            std::future::pending::<()>().await;
+            None
+        }
+    });
+    let mut upload = Request::builder()
+        .method(Method::POST)
+        .uri("/tasks")
+        .header("idempotency-key", "8e03978e-40d5-43e8-bc93-000000000001")
+        .body(Body::from_stream(stalled))
+        .unwrap();
+    upload.extensions_mut().insert(User("alice"));
+    let held = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, upload).await.0 }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let big = format!("{{\"title\":\"{}\"}}", "x".repeat(590));
+    let second = request(Method::POST, "/tasks", Some(KEY), Some("bob"), &big);
+    let (status, headers, body) = send(&app, second).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    assert_eq!(problem(&body)["type"], "urn:idempotency:problem:busy");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "a refused request ran");
+    let small = request(
+        Method::POST,
+        "/tasks",
+        Some(KEY),
+        Some("carol"),
+        "{\"title\":1}",
+    );
+    assert_eq!(send(&app, small).await.0, StatusCode::CREATED);
+    assert_eq!(held.await.unwrap(), StatusCode::REQUEST_TIMEOUT);
+    let retried = request(Method::POST, "/tasks", Some(KEY), Some("bob"), &big);
+    assert_eq!(send(&app, retried).await.0, StatusCode::CREATED);
+}
+
+/// Issue 28 item 5, through HTTP: the same bytes re-sent as `text/plain` under the key of a JSON
+/// request are another request (422), not its retry; re-sent as JSON they replay.
+#[tokio::test]
+async fn the_same_bytes_as_another_media_type_are_not_a_retry() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(runs.clone());
+    let typed = |content_type: &'static str| {
+        let mut req = request(
+            Method::POST,
+            "/tasks",
+            Some(KEY),
+            Some("alice"),
+            "{\"title\":1}",
+        );
+        req.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        req
+    };
+    assert_eq!(
+        send(&app, typed("application/json")).await.0,
+        StatusCode::CREATED
+    );
+    let (status, _, body) = send(&app, typed("text/plain")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem(&body)["type"], "urn:idempotency:problem:key-reused");
+    let (status, headers, _) = send(&app, typed("application/json; charset=utf-8")).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::CREATED, &HeaderValue::from_static("true"))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

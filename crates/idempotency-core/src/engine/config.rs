@@ -127,6 +127,12 @@ pub struct EngineConfig {
     /// heartbeat keeps the lease near its full length), so a client that honoured it stalled a
     /// whole lease (59 s of the default 60) per duplicate. Default 1 s.
     pub in_flight_retry_after: Duration,
+    /// At most this many new keys per scope per window, in this process: a request that would
+    /// start one more is refused with [`StoreError::ScopeFull`](crate::StoreError::ScopeFull)
+    /// (429 at the HTTP layer) and its key released, while the scope's used keys still replay
+    /// and other scopes go on. It bounds how fast one caller can grow a PostgreSQL or Redis
+    /// store (which evict nothing) by flooding it with new keys. Default none.
+    pub new_keys_per_scope: Option<super::ScopeLimit>,
 }
 
 impl EngineConfig {
@@ -163,6 +169,7 @@ impl Default for EngineConfig {
             store_timeout: Duration::from_secs(5),
             claim_mode: ClaimMode::Lease,
             in_flight_retry_after: Duration::from_secs(1),
+            new_keys_per_scope: None,
         }
     }
 }
@@ -201,6 +208,11 @@ impl EngineConfig {
     /// Sets [`EngineConfig::claim_mode`].
     pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
         self.claim_mode = mode;
+        self
+    }
+    /// Sets [`EngineConfig::new_keys_per_scope`]: at most `keys` new keys per scope per `per`.
+    pub fn with_new_keys_per_scope(mut self, keys: u32, per: Duration) -> Self {
+        self.new_keys_per_scope = Some(super::ScopeLimit { keys, per });
         self
     }
 }

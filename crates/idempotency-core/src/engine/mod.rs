@@ -12,6 +12,7 @@ mod config;
 mod guard;
 mod heartbeat;
 mod lease;
+mod limit;
 mod opener;
 mod retry;
 mod store_metrics;
@@ -21,6 +22,7 @@ pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use lease::Lease;
 #[cfg(feature = "axum")]
 pub use lease::LeaseRejection;
+pub use limit::ScopeLimit;
 
 use crate::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin,
@@ -94,6 +96,8 @@ pub(crate) struct Shared<S> {
     pub(crate) heartbeats: Arc<heartbeat::Schedule>,
     /// The keys of the store-call metrics.
     metrics: store_metrics::StoreMetrics,
+    /// [`EngineConfig::new_keys_per_scope`], when set.
+    limiter: Option<limit::ScopeLimiter>,
 }
 
 impl<S> Drop for Shared<S> {
@@ -173,6 +177,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
                 metrics: store_metrics::StoreMetrics::new(store.backend()),
+                limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -274,7 +279,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         // worker. Only the request that started the driver pays for this.
                         tokio::task::yield_now().await;
                     }
-                    return Ok(Begin::Proceed(guard));
+                    return self.admitted(guard).await;
                 }
                 Ok(ClaimOutcome::Existing(record)) => {
                     pending.in_doubt = false;
@@ -362,7 +367,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 Ok(KeyedBegin::Absent(tx)) => {
                     let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
                     let guard = Guard::in_transaction(Arc::clone(shared), lease, fingerprint, tx);
-                    return Ok(Begin::Proceed(guard));
+                    return self.admitted(guard).await;
                 }
                 Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {
                     Judged::Mismatch => return Ok(Begin::Mismatch),
@@ -388,6 +393,29 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             }
             tokio::time::sleep(poll.min(deadline - now)).await;
             poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// A request that holds its key proceeds if its scope may start one more new key
+    /// ([`EngineConfig::new_keys_per_scope`]); otherwise it gives the key back (nothing ran)
+    /// and is refused with [`StoreError::ScopeFull`].
+    async fn admitted(&self, guard: Guard<S>) -> Result<Begin<S>, StoreError> {
+        let Some(limiter) = &self.shared.limiter else {
+            return Ok(Begin::Proceed(guard));
+        };
+        match limiter.admit(guard.lease().scope()) {
+            Ok(()) => Ok(Begin::Proceed(guard)),
+            Err(retry_after) => {
+                guard.release().await;
+                let ScopeLimit { keys, per } = limiter.limit();
+                Err(StoreError::ScopeFull {
+                    backend: self.shared.store.backend(),
+                    reason: format!("it started its {keys} new keys of the last {per:?}"),
+                    retry_after: Some(retry_after),
+                })
+            }
         }
     }
 }
