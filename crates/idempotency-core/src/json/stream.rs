@@ -7,6 +7,12 @@
 //! bytes). The output is byte for byte what [`Json::canonical`](super::Json::canonical) writes
 //! for the parsed tree; a property test holds the two together. The tree is still what a
 //! [`Projection`](super::Projection) works on.
+//!
+//! Moving an object's members re-copies the objects inside it, so a body nested many levels
+//! deep with every level out of order would be copied once per level (a 1 MiB body nested 127
+//! deep took 11 ms against 3 ms flat). Once the bytes moved pass twice the input (plus a few
+//! KiB), the writer stops and the tree writes the form instead, each byte once: the cost stays
+//! linear in the input whatever its shape.
 
 use super::MAX_DEPTH;
 use super::lex::{Cursor, Piece, Unescaped, write_char};
@@ -19,7 +25,12 @@ pub(crate) struct Buffers {
     out: Vec<u8>,
     members: Vec<Member>,
     moved: Vec<u8>,
+    /// How many inputs were handed to the tree because reordering them cost too much.
+    pub(crate) handed_to_the_tree: u64,
 }
+
+/// Bytes the writer may move beyond twice the input before it hands the input to the tree.
+const MOVE_SLACK: usize = 4096;
 
 /// Larger buffers are dropped after use, so one large body does not pin memory for the life of
 /// the thread.
@@ -36,12 +47,22 @@ impl Buffers {
             out: &mut self.out,
             members: &mut self.members,
             moved: &mut self.moved,
+            may_move: input.len().saturating_mul(2).saturating_add(MOVE_SLACK),
+            too_costly: false,
         };
         writer.cursor.skip_ws();
         let whole = writer.value(0).is_some() && {
             writer.cursor.skip_ws();
             writer.cursor.at_end()
         };
+        if writer.too_costly {
+            self.handed_to_the_tree += 1;
+            self.members.clear();
+            let tree = super::parse(input)?;
+            self.out.clear();
+            tree.write(&mut self.out);
+            return Some(self.out.as_slice());
+        }
         whole.then_some(self.out.as_slice())
     }
 
@@ -75,6 +96,10 @@ struct Writer<'a> {
     out: &'a mut Vec<u8>,
     members: &'a mut Vec<Member>,
     moved: &'a mut Vec<u8>,
+    /// Bytes the writer may still move to put members in order.
+    may_move: usize,
+    /// It stopped because moving cost too much: the tree takes over.
+    too_costly: bool,
 }
 
 impl Writer<'_> {
@@ -166,7 +191,15 @@ impl Writer<'_> {
         {
             return None;
         }
-        // Rewrite the members' bytes in order, from a copy.
+        // Rewrite the members' bytes in order, from a copy, unless that has cost too much.
+        let moving = self.out.len() - region;
+        match self.may_move.checked_sub(moving) {
+            Some(left) => self.may_move = left,
+            None => {
+                self.too_costly = true;
+                return None;
+            }
+        }
         self.moved.clear();
         self.moved.extend_from_slice(&self.out[region..]);
         self.out.truncate(region);

@@ -136,6 +136,33 @@ const ESCAPED_KEYS: &[&str] = &[
 /// The bytes JSON is made of, to build near-JSON at random.
 const JSON_BYTES: &[u8] = b"{}[],:\"\\ 0a1-.eEtrufnl\n";
 
+/// Issue 28 item 5: a body nested deep with every level out of key order is not re-copied once
+/// per level: past twice its size in moves, the tree writes it, and the form is the same.
+#[test]
+fn a_deep_body_out_of_order_is_handed_to_the_tree_with_the_same_form() {
+    // {"z":{"z":{ ... {"z":"<pad>","a":1} ... ,"a":1},"a":1}, 100 levels, about 100 KiB.
+    let mut body = format!("{{\"z\":\"{}\",\"a\":1}}", "x".repeat(100_000));
+    for _ in 0..100 {
+        body = format!("{{\"z\":{body},\"a\":1}}");
+    }
+    let mut buffers = super::Buffers::default();
+    let streamed = buffers.canonicalize(body.as_bytes()).map(<[u8]>::to_vec);
+    assert_eq!(buffers.handed_to_the_tree, 1, "the writer should have given up");
+    assert_eq!(streamed, canonicalize_tree(body.as_bytes()));
+    assert!(streamed.is_some_and(|form| form.starts_with(b"{\"a\":1,\"z\":{\"a\":1,")));
+    // A shallow body out of order stays with the writer.
+    let shallow = br#"{"b":{"d":1,"c":2},"a":[{"y":1,"x":2}]}"#;
+    let mut buffers = super::Buffers::default();
+    assert!(buffers.canonicalize(shallow).is_some());
+    assert_eq!(buffers.handed_to_the_tree, 0);
+    // Not JSON stays not JSON, and a duplicate key deep down is still refused.
+    let mut duplicate = String::from("{\"k\":1,\"k\":2}");
+    for _ in 0..100 {
+        duplicate = format!("{{\"z\":{duplicate},\"a\":\"{}\"}}", "y".repeat(1000));
+    }
+    assert_eq!(super::Buffers::default().canonicalize(duplicate.as_bytes()), None);
+}
+
 proptest::proptest! {
     #[test]
     fn agrees_with_serde_json_on_nested_documents(value in nested_document()) {
