@@ -215,4 +215,12 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.inner.transactional()
     }
+
+    fn state_losses(&self) -> u64 {
+        self.inner.state_losses()
+    }
+
+    async fn check_state(&self) -> Result<bool, StoreError> {
+        self.inner.check_state().await
+    }
 }

@@ -88,6 +88,22 @@ pub trait IdempotencyStore: Send + Sync {
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         None
     }
+
+    /// How many times this store has found its records lost (its [`StateLoss`](crate::StateLoss)
+    /// count: an UNLOGGED table emptied by a crash, Redis restarted without persistence or
+    /// flushed). A cache in front of the store (the replay tier) drops what it copied before
+    /// the count moved. 0 by default, for a store that cannot lose records without losing
+    /// the process.
+    fn state_losses(&self) -> u64 {
+        0
+    }
+
+    /// Checks now whether the store lost its records since the last check (its sentinel is
+    /// gone), counting a loss in [`state_losses`](IdempotencyStore::state_losses); `Ok(true)`
+    /// when nothing was lost. One round trip on PostgreSQL and Redis; `Ok(true)` by default.
+    async fn check_state(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
 }
 
 macro_rules! forward_store {
@@ -146,6 +162,12 @@ macro_rules! forward_store {
             }
             fn transactional(&self) -> Option<&dyn TransactionalStore> {
                 (**self).transactional()
+            }
+            fn state_losses(&self) -> u64 {
+                (**self).state_losses()
+            }
+            async fn check_state(&self) -> Result<bool, StoreError> {
+                (**self).check_state().await
             }
         }
     )*};

@@ -24,6 +24,10 @@ pub(crate) struct Completed {
     /// The response in the stores' one encoding: compact, and its size is what it costs.
     encoded: Bytes,
     pub(crate) expires_at: Instant,
+    /// The store's [state-loss count](idempotency_core::IdempotencyStore::state_losses) before
+    /// the store was asked for the record: a copy made before a loss the store has since
+    /// noticed is never replayed.
+    pub(crate) losses: u64,
 }
 
 impl Completed {
@@ -31,11 +35,13 @@ impl Completed {
         fingerprint: Fingerprint,
         response: &StoredResponse,
         expires_at: Instant,
+        losses: u64,
     ) -> Self {
         Completed {
             fingerprint,
             encoded: response.encode(),
             expires_at,
+            losses,
         }
     }
 
@@ -103,6 +109,11 @@ impl CompletedRecords {
 
     pub(crate) fn get(&self, id: &[u8]) -> Option<Completed> {
         self.cache.get(id)
+    }
+
+    /// Drops the record of `id`.
+    pub(crate) fn remove(&self, id: &[u8]) {
+        self.cache.invalidate(id);
     }
 
     /// Keeps `record` under `id`, replacing an expired record there.

@@ -21,6 +21,7 @@ pub struct ReplayTierBuilder<S> {
     store: S,
     max_cached_bytes: u64,
     max_pending_claims: u64,
+    check_state_every: Duration,
 }
 
 impl<S: IdempotencyStore> ReplayTierBuilder<S> {
@@ -44,9 +45,23 @@ impl<S: IdempotencyStore> ReplayTierBuilder<S> {
         self
     }
 
+    /// How often, at most, a replay from the tier first asks the store whether it lost its
+    /// records (default 1 s). A store that lost them (an UNLOGGED table emptied by a crash,
+    /// Redis restarted without persistence, a `TRUNCATE`) may hold another request's record for
+    /// a key by now, so copies made before the loss are dropped once the store notices it: the
+    /// tier replays a lost record for at most about this long after the loss. One store round
+    /// trip per interval, paid by the replay that finds the check due.
+    pub fn check_state_every(mut self, interval: Duration) -> Self {
+        self.check_state_every = interval;
+        self
+    }
+
     /// Builds the tier.
     pub fn build(self) -> ReplayTier<S> {
         ReplayTier {
+            check_state_every: self.check_state_every,
+            epoch: Instant::now(),
+            next_check_ms: AtomicU64::new(0),
             store: self.store,
             ids: foldhash::fast::RandomState::default(),
             completed: CompletedRecords::new(
@@ -101,6 +116,12 @@ pub struct ReplayTier<S> {
     /// completion names only its token, and its record needs the fingerprint.
     pending: moka::sync::Cache<LeaseToken, Fingerprint>,
     hits: AtomicU64,
+    /// [`ReplayTierBuilder::check_state_every`].
+    check_state_every: Duration,
+    /// When the tier was built: the origin of `next_check_ms`.
+    epoch: Instant,
+    /// When the next replay asks the store whether it lost its records, in ms after `epoch`.
+    next_check_ms: AtomicU64,
 }
 
 impl<S> std::fmt::Debug for ReplayTier<S> {
@@ -125,6 +146,7 @@ impl<S: IdempotencyStore> ReplayTier<S> {
             store,
             max_cached_bytes: 16 * 1024 * 1024,
             max_pending_claims: 100_000,
+            check_state_every: Duration::from_secs(1),
         }
     }
 
@@ -145,6 +167,45 @@ impl<S: IdempotencyStore> ReplayTier<S> {
         self.completed.entries()
     }
 
+    /// Asks the store whether it lost its records, if the interval since the last check has
+    /// passed (one caller at a time does it; the others go on). `false` when the check failed:
+    /// the store's state is unknown, so nothing is answered from the tier until a check
+    /// succeeds.
+    async fn check_state_when_due(&self) -> bool {
+        let now = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64;
+        let due = self.next_check_ms.load(Ordering::Relaxed);
+        if now < due {
+            return true;
+        }
+        let next = now.saturating_add(self.check_state_every.as_millis() as u64);
+        if self
+            .next_check_ms
+            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return true;
+        }
+        match self.store.check_state().await {
+            Ok(_) => true,
+            Err(error) => {
+                // The next call asks again.
+                self.next_check_ms.store(now, Ordering::Relaxed);
+                tracing::debug!(error = %idempotency_core::ErrorChain(&error), "the replay tier could not check the store's state; asking the store");
+                false
+            }
+        }
+    }
+
+    /// When the store is asked, and its state-loss count then.
+    fn asked(&self) -> Asked {
+        Asked {
+            at: Instant::now(),
+            losses: self.store.state_losses(),
+        }
+    }
+
     /// The completed record of `id` the tier holds, if it has not expired.
     fn cached(&self, id: &[u8]) -> Result<Option<Record>, StoreError> {
         let Some(completed) = self.completed.get(id) else {
@@ -152,6 +213,12 @@ impl<S: IdempotencyStore> ReplayTier<S> {
         };
         let now = Instant::now();
         if completed.expires_at <= now {
+            return Ok(None);
+        }
+        if completed.losses != self.store.state_losses() {
+            // Copied before the store lost its records (and noticed): the store may hold
+            // another request's record for this key now, or none.
+            self.completed.remove(id);
             return Ok(None);
         }
         // Encoded by this process: decoding fails only on a bug, reported as such.
@@ -171,7 +238,7 @@ impl<S: IdempotencyStore> ReplayTier<S> {
 
     /// Keeps a completed record the store returned; `asked` is when the store was asked, so
     /// the copy's deadline is no later than the store's.
-    fn keep_if_completed(&self, id: &IdBuf, record: &Record, asked: Instant) {
+    fn keep_if_completed(&self, id: &IdBuf, record: &Record, asked: Asked) {
         if let RecordState::Completed {
             response,
             retention_remaining,
@@ -179,10 +246,18 @@ impl<S: IdempotencyStore> ReplayTier<S> {
         {
             // Less a millisecond: the store rounds the time left to one.
             let left = retention_remaining.saturating_sub(Duration::from_millis(1));
-            let record = Completed::new(record.fingerprint, response, asked + left);
+            let record =
+                Completed::new(record.fingerprint, response, asked.at + left, asked.losses);
             self.completed.insert(id.to_owned_id(), record);
         }
     }
+}
+
+/// When the store was asked for a record, and its state-loss count then.
+#[derive(Clone, Copy)]
+struct Asked {
+    at: Instant,
+    losses: u64,
 }
 
 #[async_trait]
@@ -200,10 +275,12 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let id = IdBuf::new(&self.ids, scope, key);
-        if let Some(record) = self.cached(id.as_bytes())? {
+        if self.check_state_when_due().await
+            && let Some(record) = self.cached(id.as_bytes())?
+        {
             return Ok(ClaimOutcome::Existing(record));
         }
-        let asked = Instant::now();
+        let asked = self.asked();
         let outcome = self
             .store
             .claim(scope, key, fingerprint, token, lease)
@@ -223,7 +300,7 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        let asked = Instant::now();
+        let asked = self.asked();
         let outcome = self
             .store
             .complete(scope, key, token, response, retention)
@@ -234,7 +311,7 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
             && outcome == FenceOutcome::Applied
         {
             let id = IdBuf::new(&self.ids, scope, key);
-            let record = Completed::new(fingerprint, response, asked + retention);
+            let record = Completed::new(fingerprint, response, asked.at + retention, asked.losses);
             self.completed.insert(id.to_owned_id(), record);
         }
         Ok(outcome)
@@ -263,10 +340,12 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let id = IdBuf::new(&self.ids, scope, key);
-        if let Some(record) = self.cached(id.as_bytes())? {
+        if self.check_state_when_due().await
+            && let Some(record) = self.cached(id.as_bytes())?
+        {
             return Ok(Some(record));
         }
-        let asked = Instant::now();
+        let asked = self.asked();
         let record = self.store.get(scope, key).await?;
         if let Some(record) = &record {
             self.keep_if_completed(&id, record, asked);
@@ -283,5 +362,13 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
     /// record enters the tier on its first replay.
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         self.store.transactional()
+    }
+
+    fn state_losses(&self) -> u64 {
+        self.store.state_losses()
+    }
+
+    async fn check_state(&self) -> Result<bool, StoreError> {
+        self.store.check_state().await
     }
 }

@@ -225,6 +225,12 @@ macro_rules! store_on_core {
                     None
                 }
             }
+            fn state_losses(&self) -> u64 {
+                self.inner.table.watch.losses.count()
+            }
+            async fn check_state(&self) -> Result<bool, idempotency_core::StoreError> {
+                <$store>::check_state(self).await
+            }
         }
     };
 }

@@ -328,6 +328,14 @@ impl IdempotencyStore for RedisStore {
     async fn purge_expired(&self, _limit: usize) -> Result<u64, StoreError> {
         Ok(0)
     }
+
+    fn state_losses(&self) -> u64 {
+        self.inner.losses.count()
+    }
+
+    async fn check_state(&self) -> Result<bool, StoreError> {
+        RedisStore::check_state(self).await
+    }
 }
 
 #[cfg(test)]

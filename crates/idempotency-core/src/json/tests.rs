@@ -147,7 +147,10 @@ fn a_deep_body_out_of_order_is_handed_to_the_tree_with_the_same_form() {
     }
     let mut buffers = super::Buffers::default();
     let streamed = buffers.canonicalize(body.as_bytes()).map(<[u8]>::to_vec);
-    assert_eq!(buffers.handed_to_the_tree, 1, "the writer should have given up");
+    assert_eq!(
+        buffers.handed_to_the_tree, 1,
+        "the writer should have given up"
+    );
     assert_eq!(streamed, canonicalize_tree(body.as_bytes()));
     assert!(streamed.is_some_and(|form| form.starts_with(b"{\"a\":1,\"z\":{\"a\":1,")));
     // A shallow body out of order stays with the writer.
@@ -160,7 +163,10 @@ fn a_deep_body_out_of_order_is_handed_to_the_tree_with_the_same_form() {
     for _ in 0..100 {
         duplicate = format!("{{\"z\":{duplicate},\"a\":\"{}\"}}", "y".repeat(1000));
     }
-    assert_eq!(super::Buffers::default().canonicalize(duplicate.as_bytes()), None);
+    assert_eq!(
+        super::Buffers::default().canonicalize(duplicate.as_bytes()),
+        None
+    );
 }
 
 proptest::proptest! {
