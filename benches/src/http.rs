@@ -6,6 +6,12 @@
 //! `idempotency-bench serve-tasks --layer` runs the server; [`compare`] starts both variants
 //! and measures them.
 
+mod null_store;
+mod process;
+
+pub use null_store::NullStore;
+pub use process::ServerProcess;
+
 use crate::median;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,10 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idempotency::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyLayer, IdempotencyStore,
-    LeaseToken, MemoryStore, Record, Scope, StoreError, StoredResponse,
-};
+use idempotency::{IdempotencyLayer, MemoryStore, Scope};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -61,68 +64,6 @@ impl LayerStore {
             LayerStore::Null => "null",
             LayerStore::MemoryRoomy => "memory-roomy",
         }
-    }
-}
-
-/// A store that keeps nothing: every claim is granted, every completion, extension and
-/// release accepted, no record is ever found. Not idempotent at all; it exists to measure what
-/// the layer and the engine cost by themselves.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NullStore;
-
-#[async_trait::async_trait]
-impl IdempotencyStore for NullStore {
-    fn backend(&self) -> &'static str {
-        "null"
-    }
-
-    async fn claim(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: &Fingerprint,
-        _: LeaseToken,
-        _: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        Ok(ClaimOutcome::Claimed)
-    }
-
-    async fn complete(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: LeaseToken,
-        _: &StoredResponse,
-        _: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        Ok(FenceOutcome::Applied)
-    }
-
-    async fn extend(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: LeaseToken,
-        _: Duration,
-    ) -> Result<FenceOutcome, StoreError> {
-        Ok(FenceOutcome::Applied)
-    }
-
-    async fn release(
-        &self,
-        _: &Scope,
-        _: &IdempotencyKey,
-        _: LeaseToken,
-    ) -> Result<FenceOutcome, StoreError> {
-        Ok(FenceOutcome::Applied)
-    }
-
-    async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        Ok(None)
-    }
-
-    async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
-        Ok(0)
     }
 }
 
@@ -208,77 +149,6 @@ pub async fn serve(listen: SocketAddr, layer: Option<LayerStore>) -> std::io::Re
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
     axum::serve(listener, tasks_app(layer)).await
-}
-
-/// A server child process.
-#[derive(Debug)]
-pub struct ServerProcess {
-    child: tokio::process::Child,
-    addr: SocketAddr,
-}
-
-impl ServerProcess {
-    /// Starts `binary serve-tasks [--layer]` and waits until it listens.
-    pub async fn start(binary: &std::path::Path, variant: Variant) -> Result<Self, String> {
-        let mut args = vec!["serve-tasks", "--listen", "127.0.0.1:0"];
-        if let Variant::Layer(store) = variant {
-            args.extend(["--layer", store.name()]);
-        }
-        Self::spawn(binary, &args).await
-    }
-
-    /// Starts `binary args..`, a server that prints `listening on <addr>` once bound, and
-    /// waits until it listens.
-    pub async fn spawn(binary: &std::path::Path, args: &[&str]) -> Result<Self, String> {
-        Self::spawn_with_env(binary, args, &[]).await
-    }
-
-    /// [`ServerProcess::spawn`] with environment variables set for the child (for what must
-    /// not show in the process list, a database URL with its password).
-    pub async fn spawn_with_env(
-        binary: &std::path::Path,
-        args: &[&str],
-        envs: &[(&str, &str)],
-    ) -> Result<Self, String> {
-        use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut command = tokio::process::Command::new(binary);
-        command.args(args).envs(envs.iter().copied());
-        let mut child = command
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("could not start {}: {e}", binary.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-            .await
-            .map_err(|_| "the server did not start within 10 s".to_owned())?
-            .map_err(|e| e.to_string())?
-            .ok_or("the server exited before listening")?;
-        let addr = line
-            .strip_prefix("listening on ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| format!("unexpected first line: {line}"))?;
-        Ok(ServerProcess { child, addr })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// CPU time the process has used so far (user + system), from `/proc`.
-    pub fn cpu_time(&self) -> Option<Duration> {
-        let pid = self.child.id()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command name (which may hold spaces) in parentheses.
-        let rest = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // USER_HZ is 100 on Linux.
-        Some(Duration::from_millis(ticks * 10))
-    }
 }
 
 /// One round's figures.

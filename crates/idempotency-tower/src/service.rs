@@ -4,11 +4,8 @@
 //! engine what to do, and answers; [`run_once`] runs the handler of a request that holds its key
 //! and hands its response to the engine.
 
-use crate::body::{
-    BodyPermit, BoxError, IdempotencyBody, Kept, ReadError, RequestBody, boxed, full, keep_up_to,
-    read_body,
-};
-use crate::config::{ScopeSource, Shared};
+use crate::body::{BoxError, IdempotencyBody, Kept, RequestBody, boxed, full, keep_up_to};
+use crate::config::Shared;
 use crate::detach::DetachOnDrop;
 use crate::refusal::{LibraryRefusal, Problem, render};
 use crate::route::{Outcome, Route};
@@ -28,6 +25,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_service::Service;
 use tracing::Instrument;
+
+mod request;
+
+use request::{read_key, read_request_body, read_scope};
 
 /// How long a client is told to wait after a 503 because the store was unreachable or the
 /// request's transaction did not commit, and after a 409 for a lease lost at commit time.
@@ -101,7 +102,7 @@ where
 }
 
 /// A request the layer answers itself.
-struct Refused(Problem, Outcome);
+pub(super) struct Refused(pub(super) Problem, pub(super) Outcome);
 
 /// Answers `problem` and records `outcome`.
 fn refuse<S>(
@@ -116,89 +117,6 @@ fn refuse<S>(
 /// The response for `problem`, as the configured renderer writes it.
 fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> {
     render(&problem.refusal(shared.settings.profile), &shared.render)
-}
-
-/// The request's key: `Ok(None)` when it has none and keys are optional.
-fn read_key<S>(parts: &Parts, shared: &Shared<S>) -> Result<Option<IdempotencyKey>, Refused> {
-    let settings = &shared.settings;
-    if let Some(key_with) = &settings.key_with {
-        return match key_with(parts) {
-            None if settings.key_required => Err(Refused(Problem::KeyMissing, Outcome::KeyMissing)),
-            None => Ok(None),
-            Some(raw) => IdempotencyKey::parse(raw.as_bytes(), settings.key_format)
-                .map(Some)
-                .map_err(|e| Refused(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
-        };
-    }
-    let mut values = parts.headers.get_all(&settings.header).iter();
-    match (values.next(), values.next()) {
-        (None, _) if settings.key_required => {
-            Err(Refused(Problem::KeyMissing, Outcome::KeyMissing))
-        }
-        (None, _) => Ok(None),
-        (Some(_), Some(_)) => Err(Refused(Problem::KeyRepeated, Outcome::KeyInvalid)),
-        (Some(value), None) => IdempotencyKey::parse(value.as_bytes(), settings.key_format)
-            .map(Some)
-            .map_err(|e| Refused(Problem::KeyInvalid(e), Outcome::KeyInvalid)),
-    }
-}
-
-/// The request's scope, from the configured source.
-fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refused> {
-    match &shared.scope {
-        ScopeSource::Unscoped => Ok(Scope::unscoped()),
-        ScopeSource::Extract(extract) => match extract(parts) {
-            Ok(Some(scope)) => Ok(scope),
-            Ok(None) => Err(Refused(Problem::ScopeMissing, Outcome::ScopeMissing)),
-            Err(why) => {
-                tracing::warn!(
-                    why,
-                    "the request's principal cannot form an idempotency scope: refused with 401"
-                );
-                Err(Refused(Problem::ScopeInvalid, Outcome::ScopeMissing))
-            }
-        },
-    }
-}
-
-/// The whole request body, within the configured limit.
-async fn read_request_body<B, S>(
-    parts: &Parts,
-    body: B,
-    shared: &Shared<S>,
-) -> Result<(Bytes, BodyPermit), Refused>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let limit = shared.settings.max_request_body;
-    let too_large = || Refused(Problem::BodyTooLarge { limit }, Outcome::BodyTooLarge);
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(too_large());
-    }
-    let deadline = shared.settings.request_body_timeout;
-    match tokio::time::timeout(deadline, read_body(body, limit, &shared.bodies)).await {
-        Ok(read) => read.map_err(|e| match e {
-            ReadError::TooLarge => too_large(),
-            ReadError::Unreadable => Refused(Problem::BodyUnreadable, Outcome::BodyUnreadable),
-            ReadError::Busy => Refused(
-                Problem::Busy {
-                    retry_after: RETRY_AFTER,
-                },
-                Outcome::Busy,
-            ),
-        }),
-        // Counted with the bodies that could not be read.
-        Err(_) => Err(Refused(
-            Problem::BodyTimeout { deadline },
-            Outcome::BodyUnreadable,
-        )),
-    }
 }
 
 async fn handle<Inner, S, B, ResB>(
@@ -488,22 +406,4 @@ fn replay(stored: StoredResponse, marker: &http::HeaderName) -> Response<Idempot
 }
 
 #[cfg(test)]
-mod tests {
-    use super::KeyHash;
-    use idempotency_core::{IdempotencyKey, KeyFormat, Scope};
-
-    #[test]
-    fn the_key_hash_is_short_stable_and_scoped() {
-        let key = IdempotencyKey::parse(b"order-1", KeyFormat::opaque()).expect("key");
-        let (alice, bob) = (
-            Scope::new("alice").expect("scope"),
-            Scope::new("bob").expect("scope"),
-        );
-        let text = KeyHash(&alice, &key).to_string();
-        assert_eq!(text.len(), 12);
-        assert!(text.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(text, KeyHash(&alice, &key).to_string());
-        assert_ne!(text, KeyHash(&bob, &key).to_string());
-        assert!(!text.contains("order"));
-    }
-}
+mod tests;

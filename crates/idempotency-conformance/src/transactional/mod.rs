@@ -11,18 +11,17 @@
 //! idempotency_conformance::transactional_suite!(make_harness(), ClaimMode::Lease, ClaimMode::OneTransaction);
 //! ```
 
+mod cases;
 mod once;
 
+pub use cases::*;
 pub use once::*;
 
-use crate::cases::{LONG, fingerprint, key, response, scope};
-use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use crate::cases::{LONG, fingerprint, response};
 use idempotency_core::{
     Begin, BoxError, ClaimMode, Completion, Engine, EngineConfig, Guard, IdempotencyStore,
-    RollbackCause, StoredResponse, Superseded, TransactionSlot,
+    TransactionSlot,
 };
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -48,9 +47,9 @@ pub trait TransactionalHarness: Send + Sync + 'static {
 }
 
 /// Bound on each wait of a case for the store's background work (a rollback, a release).
-const SETTLE: Duration = Duration::from_secs(10);
+pub(super) const SETTLE: Duration = Duration::from_secs(10);
 
-fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> Engine<H::Store> {
+pub(super) fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> Engine<H::Store> {
     let store = harness.store();
     assert!(
         store.transactional().is_some(),
@@ -64,7 +63,7 @@ fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> Engine<H::St
     )
 }
 
-fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<S> {
+pub(super) fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<S> {
     match begin {
         Begin::Proceed(guard) => guard,
         other => panic!("{what}: expected to proceed, got {other:?}"),
@@ -72,7 +71,7 @@ fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<
 }
 
 /// Begins `(scope, key)` with the fingerprint of `body`, which must proceed.
-async fn fresh<S: IdempotencyStore + 'static>(
+pub(super) async fn fresh<S: IdempotencyStore + 'static>(
     engine: &Engine<S>,
     scope: &idempotency_core::Scope,
     key: &idempotency_core::IdempotencyKey,
@@ -86,7 +85,11 @@ async fn fresh<S: IdempotencyStore + 'static>(
     proceed(begun, what)
 }
 
-async fn write<H: TransactionalHarness>(harness: &H, guard: &Guard<H::Store>, tag: &str) {
+pub(super) async fn write<H: TransactionalHarness>(
+    harness: &H,
+    guard: &Guard<H::Store>,
+    tag: &str,
+) {
     let slot = guard
         .transaction()
         .expect("a transactional store offers the request a transaction");
@@ -98,7 +101,7 @@ async fn write<H: TransactionalHarness>(harness: &H, guard: &Guard<H::Store>, ta
 
 /// Begins `key` again until it proceeds (the key was freed in the background), within
 /// [`SETTLE`].
-async fn proceeds_again<S: IdempotencyStore + 'static>(
+pub(super) async fn proceeds_again<S: IdempotencyStore + 'static>(
     engine: &Engine<S>,
     scope: &idempotency_core::Scope,
     key: &idempotency_core::IdempotencyKey,
@@ -122,331 +125,17 @@ async fn proceeds_again<S: IdempotencyStore + 'static>(
 }
 
 /// The retry of a request that left nothing writes once and stores its response.
-async fn retry_runs_once<H: TransactionalHarness>(harness: &H, retry: Guard<H::Store>, tag: &str) {
+pub(super) async fn retry_runs_once<H: TransactionalHarness>(
+    harness: &H,
+    retry: Guard<H::Store>,
+    tag: &str,
+) {
     write(harness, &retry, tag).await;
     assert_eq!(
         retry.complete(response(201, b"ok")).await,
         Completion::Stored
     );
     assert_eq!(harness.count(tag).await, 1, "the retry ran once");
-}
-
-/// Invariant 10: a committed request has its write and its stored response, and its retry
-/// replays without writing again.
-pub async fn tx_commit_keeps_the_write_and_the_response<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let engine = engine(&*harness, mode);
-    let (scope, key, tag) = (scope("tx_commit"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &guard, &tag).await;
-    assert_eq!(
-        guard.complete(response(201, b"{\"id\":1}")).await,
-        Completion::Stored
-    );
-    assert_eq!(harness.count(&tag).await, 1, "the write committed");
-    match engine
-        .begin(scope, key, fingerprint("a"))
-        .await
-        .expect("begin")
-    {
-        Begin::Replay(stored) => assert_eq!(stored, response(201, b"{\"id\":1}")),
-        other => panic!("the retry must replay, got {other:?}"),
-    }
-    assert_eq!(harness.count(&tag).await, 1, "the replay wrote nothing");
-}
-
-/// A handler that fails (its status is not stored) leaves none of its writes, and the key is
-/// free at once for the retry.
-pub async fn tx_handler_failure_rolls_back_and_frees_the_key<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let engine = engine(&*harness, mode);
-    let (scope, key, tag) = (scope("tx_failure"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &guard, &tag).await;
-    assert_eq!(
-        guard.complete(response(500, b"oops")).await,
-        Completion::Released
-    );
-    assert_eq!(
-        harness.count(&tag).await,
-        0,
-        "a failed request's write rolled back"
-    );
-    let retry = proceeds_again(&engine, &scope, &key, "a", "after a released failure").await;
-    retry_runs_once(&*harness, retry, &tag).await;
-}
-
-/// A request dropped before its commit (a crash, a cancelled future) leaves none of its
-/// writes, and the key is freed for the retry (at once in the one-transaction mode, by the
-/// background release in the lease mode).
-pub async fn tx_dropped_request_leaves_nothing<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let engine = engine(&*harness, mode);
-    let (scope, key, tag) = (scope("tx_dropped"), key(), uuid::Uuid::new_v4().to_string());
-    let guard = fresh(&engine, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &guard, &tag).await;
-    drop(guard);
-    let retry = proceeds_again(&engine, &scope, &key, "a", "after a dropped request").await;
-    assert_eq!(
-        harness.count(&tag).await,
-        0,
-        "the dropped request's write rolled back"
-    );
-    retry_runs_once(&*harness, retry, &tag).await;
-}
-
-/// A duplicate that arrives while the first request's transaction is open is told it is in
-/// flight (it neither runs nor waits on a lock), and replays once the first commits.
-pub async fn tx_duplicate_while_open_is_in_flight_then_replays<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let engine = engine(&*harness, mode);
-    let (scope, key, tag) = (
-        scope("tx_duplicate"),
-        key(),
-        uuid::Uuid::new_v4().to_string(),
-    );
-    let first = fresh(&engine, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &first, &tag).await;
-    let started = Instant::now();
-    match tokio::time::timeout(
-        SETTLE,
-        engine.begin(scope.clone(), key.clone(), fingerprint("a")),
-    )
-    .await
-    .expect("a duplicate is answered without waiting for the first request")
-    .expect("begin")
-    {
-        Begin::InFlight { retry_after } => assert!(
-            retry_after > Duration::ZERO,
-            "a duplicate gets a retry hint"
-        ),
-        other => panic!("a duplicate of an open request must be in flight, got {other:?}"),
-    }
-    assert!(started.elapsed() < SETTLE);
-    assert_eq!(
-        first.complete(response(201, b"first")).await,
-        Completion::Stored
-    );
-    match engine
-        .begin(scope, key, fingerprint("a"))
-        .await
-        .expect("begin")
-    {
-        Begin::Replay(stored) => assert_eq!(stored, response(201, b"first")),
-        other => panic!("after the first committed, the duplicate must replay, got {other:?}"),
-    }
-    assert_eq!(harness.count(&tag).await, 1);
-}
-
-/// Invariant 1 through the transaction: many concurrent duplicates of one key, each retrying
-/// while told "in flight", end with exactly one committed write, and every one of them with
-/// the first request's response.
-pub async fn tx_concurrent_duplicates_write_once<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let engine = engine(&*harness, mode);
-    let (scope, key, tag) = (scope("tx_race"), key(), uuid::Uuid::new_v4().to_string());
-    let mut tasks = Vec::new();
-    for i in 0..16u32 {
-        let (engine, harness) = (engine.clone(), Arc::clone(&harness));
-        let (scope, key, tag) = (scope.clone(), key.clone(), tag.clone());
-        tasks.push(tokio::spawn(async move {
-            let until = Instant::now() + SETTLE;
-            loop {
-                let begun = engine
-                    .begin(scope.clone(), key.clone(), fingerprint("same"))
-                    .await
-                    .expect("begin");
-                match begun {
-                    Begin::Proceed(guard) => {
-                        write(&*harness, &guard, &tag).await;
-                        let mine = StoredResponse::new(
-                            StatusCode::CREATED,
-                            HeaderMap::new(),
-                            Bytes::from(format!("winner {i}")),
-                        );
-                        return match guard.complete(mine.clone()).await {
-                            Completion::Stored => mine,
-                            Completion::Superseded(Superseded::Replay(stored)) => stored,
-                            other => panic!("unexpected completion {other:?}"),
-                        };
-                    }
-                    Begin::Replay(stored) => return stored,
-                    Begin::InFlight { .. } if Instant::now() < until => {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    other => panic!("unexpected answer {other:?}"),
-                }
-            }
-        }));
-    }
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.expect("a duplicate's task"));
-    }
-    assert_eq!(
-        harness.count(&tag).await,
-        1,
-        "one write for sixteen duplicates"
-    );
-    assert!(
-        answers.windows(2).all(|w| w[0] == w[1]),
-        "every duplicate got the same response: {answers:?}"
-    );
-}
-
-/// Invariant 5 through the transaction: a record past its retention is absent, and a new
-/// request with its key runs and stores its own response in place of it.
-pub async fn tx_expired_record_is_taken_over<H: TransactionalHarness>(
-    harness: Arc<H>,
-    mode: ClaimMode,
-) {
-    let short = Engine::new(
-        harness.store(),
-        EngineConfig::default()
-            .with_lease(LONG)
-            .with_retention(Duration::from_millis(400))
-            .with_claim_mode(mode),
-    );
-    let (scope, key, tag) = (scope("tx_expired"), key(), uuid::Uuid::new_v4().to_string());
-    let first = fresh(&short, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &first, &tag).await;
-    assert_eq!(
-        first.complete(response(201, b"first")).await,
-        Completion::Stored
-    );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let engine = engine(&*harness, mode);
-    let second = fresh(&engine, &scope, &key, "b", "an expired record is absent").await;
-    write(&*harness, &second, &tag).await;
-    assert_eq!(
-        second.complete(response(201, b"second")).await,
-        Completion::Stored
-    );
-    match engine
-        .begin(scope, key, fingerprint("b"))
-        .await
-        .expect("begin")
-    {
-        Begin::Replay(stored) => assert_eq!(stored, response(201, b"second")),
-        other => panic!("the new record must replay, got {other:?}"),
-    }
-    assert_eq!(
-        harness.count(&tag).await,
-        2,
-        "each run committed its own write"
-    );
-}
-
-/// Lease mode: a request whose lease ran out and was taken over cannot commit; none of its
-/// writes exist, and the request that took over commits once.
-pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(harness: Arc<H>) {
-    let short = Engine::new(
-        harness.store(),
-        EngineConfig::default()
-            .with_lease(Duration::from_millis(400))
-            .with_heartbeat(false),
-    );
-    let (scope, key, tag) = (scope("tx_fenced"), key(), uuid::Uuid::new_v4().to_string());
-    let stale = fresh(&short, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &stale, &tag).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let taker = engine(&*harness, ClaimMode::Lease);
-    let current = fresh(&taker, &scope, &key, "a", "a lapsed lease is taken over").await;
-    assert_eq!(
-        stale.complete(response(201, b"stale")).await,
-        Completion::RolledBack(RollbackCause::LeaseLost),
-        "a commit after a takeover is refused"
-    );
-    assert_eq!(
-        harness.count(&tag).await,
-        0,
-        "the stale request's write rolled back"
-    );
-    write(&*harness, &current, &tag).await;
-    assert_eq!(
-        current.complete(response(201, b"current")).await,
-        Completion::Stored
-    );
-    assert_eq!(harness.count(&tag).await, 1);
-}
-
-/// One-transaction mode: the unique index, not the lock, decides. A request whose key was
-/// completed by another while its transaction was open (here a lease-mode request on the same
-/// table) rolls back all of its writes and answers with the record that stands.
-pub async fn tx_one_transaction_loser_rolls_back_and_replays<H: TransactionalHarness>(
-    harness: Arc<H>,
-) {
-    let one_tx = engine(&*harness, ClaimMode::OneTransaction);
-    let lease = engine(&*harness, ClaimMode::Lease);
-    let (scope, key) = (scope("tx_loser"), key());
-    let (late_tag, winner_tag) = (
-        uuid::Uuid::new_v4().to_string(),
-        uuid::Uuid::new_v4().to_string(),
-    );
-    let late = fresh(&one_tx, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &late, &late_tag).await;
-    let winner = fresh(
-        &lease,
-        &scope,
-        &key,
-        "a",
-        "the lease mode does not see the open transaction's key",
-    )
-    .await;
-    write(&*harness, &winner, &winner_tag).await;
-    assert_eq!(
-        winner.complete(response(201, b"winner")).await,
-        Completion::Stored
-    );
-    assert_eq!(
-        late.complete(response(201, b"late")).await,
-        Completion::Superseded(Superseded::Replay(response(201, b"winner"))),
-        "the later commit rolls back and replays the record that stands"
-    );
-    assert_eq!(
-        harness.count(&late_tag).await,
-        0,
-        "the loser's write rolled back"
-    );
-    assert_eq!(harness.count(&winner_tag).await, 1);
-
-    // With another request's fingerprint, the loser answers as a mismatch.
-    let (scope, key) = (
-        crate::cases::scope("tx_loser_mismatch"),
-        crate::cases::key(),
-    );
-    let late = fresh(&one_tx, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &late, &late_tag).await;
-    let winner = proceed(
-        lease
-            .begin(scope, key, fingerprint("b"))
-            .await
-            .expect("begin"),
-        "the lease mode does not see the open transaction's key",
-    );
-    assert_eq!(
-        winner.complete(response(201, b"b")).await,
-        Completion::Stored
-    );
-    assert_eq!(
-        late.complete(response(201, b"a")).await,
-        Completion::Superseded(Superseded::Mismatch)
-    );
-    assert_eq!(
-        harness.count(&late_tag).await,
-        0,
-        "the loser's write rolled back"
-    );
 }
 
 /// Expands the transactional cases into `#[tokio::test]`s for one store: `$make` is an

@@ -8,12 +8,15 @@
 //! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
 
+mod completion;
 mod config;
 mod guard;
 mod heartbeat;
 mod lease;
 mod limit;
+mod one_transaction;
 mod opener;
+mod pending;
 mod retry;
 mod store_metrics;
 
@@ -25,10 +28,11 @@ pub use lease::LeaseRejection;
 pub use limit::ScopeLimit;
 
 use crate::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin,
-    LeaseToken, Record, RecordState, Scope, StoreError, StoredResponse,
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    RecordState, Scope, StoreError, StoredResponse,
 };
-use retry::{Op, spawn_release};
+use pending::PendingClaim;
+use retry::Op;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,14 +134,6 @@ impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
 
 const FIRST_POLL: Duration = Duration::from_millis(10);
 const MAX_POLL: Duration = Duration::from_millis(250);
-
-/// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
-/// that request holds no lease whose end could be told, and such handlers take milliseconds.
-const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// The length given to the [`Lease`] of a request in the one-transaction mode: its key is held
-/// by its open transaction, which has no end but its own, so the lease never runs out.
-const NO_LEASE_END: Duration = Duration::from_secs(30 * 365 * 86_400);
 
 /// What a live record means for a request with a given fingerprint.
 pub(crate) enum Judged {
@@ -328,76 +324,6 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
 }
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
-    /// [`Engine::begin`] in [`ClaimMode::OneTransaction`]: one round trip opens the request's
-    /// transaction and reads the key in it; nothing is written before the handler's own writes.
-    /// A duplicate finds the key's lock held (in flight) or its record (replay, or mismatch);
-    /// waiting for it follows [`EngineConfig::in_flight_wait`] as in the lease mode.
-    async fn begin_in_transaction(
-        &self,
-        scope: Scope,
-        key: IdempotencyKey,
-        fingerprint: Fingerprint,
-    ) -> Result<Begin<S>, StoreError> {
-        let shared = &self.shared;
-        let Some(store) = shared
-            .store
-            .transactional()
-            .filter(|store| store.supports_one_transaction())
-        else {
-            return Err(StoreError::Backend {
-                backend: shared.store.backend(),
-                source: "ClaimMode::OneTransaction needs a store whose transactions support it \
-                         (the PostgreSQL store with transactions on); this store does not"
-                    .into(),
-            });
-        };
-        let started = Instant::now();
-        let deadline = started + shared.config.in_flight_wait;
-        let mut poll = FIRST_POLL;
-        let mut seen_running: Option<Duration> = None;
-        loop {
-            let token = LeaseToken::new();
-            let begun = shared
-                .call(
-                    Op::Begin,
-                    store.begin_keyed(&scope, &key, &fingerprint, token),
-                )
-                .await;
-            let running = match begun {
-                Ok(KeyedBegin::Absent(tx)) => {
-                    let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
-                    let guard = Guard::in_transaction(Arc::clone(shared), lease, fingerprint, tx);
-                    return self.admitted(guard).await;
-                }
-                Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {
-                    Judged::Mismatch => return Ok(Begin::Mismatch),
-                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
-                    Judged::Running(lease_remaining) => lease_remaining,
-                },
-                Ok(KeyedBegin::Busy) => TRANSACTION_RETRY_AFTER,
-                Err(error) => {
-                    return match seen_running {
-                        // Something already showed that another request holds the key.
-                        Some(retry_after) => Ok(Begin::InFlight { retry_after }),
-                        None => Err(error),
-                    };
-                }
-            };
-            let retry_after = running
-                .min(TRANSACTION_RETRY_AFTER)
-                .min(shared.config.in_flight_retry_after);
-            seen_running = Some(retry_after);
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Begin::InFlight { retry_after });
-            }
-            tokio::time::sleep(poll.min(deadline - now)).await;
-            poll = (poll * 2).min(MAX_POLL);
-        }
-    }
-}
-
-impl<S: IdempotencyStore + 'static> Engine<S> {
     /// A request that holds its key proceeds if its scope may start one more new key
     /// ([`EngineConfig::new_keys_per_scope`]); otherwise it gives the key back (nothing ran)
     /// and is refused with [`StoreError::ScopeFull`].
@@ -487,50 +413,5 @@ async fn bounded<T>(timeout: Duration, call: impl std::future::Future<Output = T
     match first {
         Poll::Ready(result) => Some(result),
         Poll::Pending => tokio::time::timeout(timeout, call).await.ok(),
-    }
-}
-
-/// A claim sent to the store whose outcome this request has not taken yet. If `begin` ends
-/// without a definite answer (an error, a timeout, or its future dropped), the claim may exist
-/// in the store with this request's token, so it is released in the background: the release is
-/// fenced by the token, so it never touches anyone else's claim.
-struct PendingClaim<'a, S: IdempotencyStore + 'static> {
-    shared: &'a Arc<Shared<S>>,
-    claim: Option<(Scope, IdempotencyKey, LeaseToken)>,
-    sent_at: Instant,
-    /// A claim call was sent and its answer not taken: the store may hold our claim.
-    in_doubt: bool,
-}
-
-impl<S: IdempotencyStore + 'static> PendingClaim<'_, S> {
-    /// The store answered without giving us the key: nothing to release.
-    fn disarm(&mut self) {
-        self.claim = None;
-    }
-
-    /// The lease of the claim last sent.
-    fn lease(&mut self) -> Option<Lease> {
-        let (scope, key, token) = self.claim.take()?;
-        let length = self.shared.config.lease;
-        Some(Lease::new(scope, key, token, length, self.sent_at))
-    }
-
-    /// The store gave us the key: the guard takes over the claim.
-    fn into_guard(mut self) -> Guard<S> {
-        let Some(lease) = self.lease() else {
-            unreachable!("a pending claim is turned into a guard once")
-        };
-        Guard::new(Arc::clone(self.shared), lease)
-    }
-}
-
-impl<S: IdempotencyStore + 'static> Drop for PendingClaim<'_, S> {
-    fn drop(&mut self) {
-        if !self.in_doubt {
-            return;
-        }
-        if let Some(lease) = self.lease() {
-            spawn_release(Arc::clone(self.shared), lease, "unanswered claim");
-        }
     }
 }

@@ -1,0 +1,253 @@
+//! The server side of the PostgreSQL comparison: the create-task handlers of each variant, and
+//! the schema they write in.
+
+use super::*;
+use crate::err;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use idempotency::postgres::deadpool_postgres::Pool;
+use idempotency::postgres::tokio_postgres;
+use idempotency::{IdempotencyLayer, PgTransaction, PostgresStore, Scope, TableMode, Tx};
+use std::net::SocketAddr;
+
+#[derive(Clone)]
+pub(super) struct App {
+    pool: Pool,
+    autocommit: bool,
+    keys: String,
+}
+
+pub(super) const INSERT: &str =
+    "INSERT INTO idempotency_http_bench.bench_tasks (user_id, title) VALUES ($1, $2) RETURNING id";
+
+pub(super) fn user_and_title(headers: &HeaderMap, body: &Bytes) -> (String, String) {
+    let user = headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("anonymous")
+        .to_owned();
+    (user, String::from_utf8_lossy(body).into_owned())
+}
+
+pub(super) fn created(id: i64, title: String) -> (StatusCode, Json<serde_json::Value>) {
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "id": id, "title": title })),
+    )
+}
+
+pub(super) async fn bare(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let mut client = app
+        .pool
+        .get()
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let statement = client.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let id: i64 = if app.autocommit {
+        client
+            .query_one(&statement, &[&user, &title])
+            .await
+            .map_err(unavailable)?
+            .get(0)
+    } else {
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let id = tx
+            .query_one(&statement, &[&user, &title])
+            .await
+            .map_err(unavailable)?
+            .get(0);
+        tx.commit().await.map_err(unavailable)?;
+        id
+    };
+    Ok(created(id, title))
+}
+
+/// The one-transaction mode's SQL without the library: what the mode costs at the SQL level.
+pub(super) async fn hand_written(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or(StatusCode::BAD_REQUEST)?
+        .to_owned();
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let client = app
+        .pool
+        .get()
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let lookup = client
+        .prepare_cached(&format!(
+            "SELECT response FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
+    let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let insert_key = client
+        .prepare_cached(&format!(
+            "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
+    let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &key];
+    let (begun, found) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_opt(&lookup, &lookup_params)
+    );
+    begun.map_err(unavailable)?;
+    if let Some(row) = found.map_err(unavailable)? {
+        let _ = client.batch_execute("ROLLBACK").await;
+        let stored: Vec<u8> = row.get(0);
+        return Ok((
+            StatusCode::CREATED,
+            Json(serde_json::from_slice(&stored).unwrap_or_default()),
+        ));
+    }
+    let id: i64 = client
+        .query_one(&task, &[&user, &title])
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    let answer = serde_json::json!({ "id": id, "title": title });
+    let stored = serde_json::to_vec(&answer).unwrap_or_default();
+    let hash = [0u8; 33];
+    let (hash, status) = (&hash[..], 201i32);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&user, &key, &hash, &status, &stored];
+    let (inserted, committed) = tokio::join!(
+        client.execute(&insert_key, &key_params),
+        client.batch_execute("COMMIT")
+    );
+    inserted.map_err(unavailable)?;
+    committed.map_err(unavailable)?;
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
+pub(super) async fn in_tx(
+    tx: Tx<PgTransaction>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let statement = tx.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let id: i64 = tx
+        .query_one(&statement, &[&user, &title])
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    Ok(created(id, title))
+}
+
+/// The app of `variant` on the database at `url`, with a pool of `pool` connections.
+pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, String> {
+    let table = match variant {
+        PgVariant::Layer { table, .. } => table,
+        PgVariant::HandWritten => TableMode::Logged,
+        _ => TableMode::Unlogged,
+    };
+    let store = PostgresStore::builder(url)
+        .schema(SCHEMA)
+        .table(match table {
+            TableMode::Logged => "keys_logged",
+            _ => "keys_unlogged",
+        })
+        .table_mode(table)
+        .pool_size(pool)
+        .build()
+        .await
+        .map_err(err)?;
+    store.migrate().await.map_err(err)?;
+    let router = match variant {
+        PgVariant::BareAutocommit | PgVariant::BareTransaction => {
+            Router::new().route("/tasks", post(bare)).with_state(App {
+                pool: store.pool().clone(),
+                autocommit: variant == PgVariant::BareAutocommit,
+                keys: store.table_name(),
+            })
+        }
+        PgVariant::HandWritten => Router::new()
+            .route("/tasks", post(hand_written))
+            .with_state(App {
+                pool: store.pool().clone(),
+                autocommit: false,
+                keys: store.table_name(),
+            }),
+        PgVariant::Layer { mode, .. } => {
+            fn scope(parts: &axum::http::request::Parts) -> Option<Scope> {
+                parts
+                    .headers
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|u| Scope::new(u).ok())
+            }
+            let layer = IdempotencyLayer::builder(store)
+                .scope_with(scope)
+                .claim_mode(mode)
+                .build();
+            Router::new().route("/tasks", post(in_tx).layer(layer))
+        }
+    };
+    Ok(router)
+}
+
+/// Creates the bench's schema and task table afresh.
+pub async fn prepare(url: &str) -> Result<(), String> {
+    let client = connect(url).await?;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; \
+             CREATE TABLE {SCHEMA}.bench_tasks (id bigserial PRIMARY KEY, user_id text NOT NULL, \
+               title text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await
+        .map_err(err)
+}
+
+/// Drops the bench's schema.
+pub async fn cleanup(url: &str) -> Result<(), String> {
+    connect(url)
+        .await?
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+        .await
+        .map_err(err)
+}
+
+pub(super) async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    // The store's own connector: the URL's `sslmode` and `sslrootcert` as the store reads them.
+    idempotency::postgres::connect_raw(url).await.map_err(err)
+}
+
+/// Serves `variant` on `listen` and prints `listening on <addr>` once bound.
+pub async fn serve(
+    listen: SocketAddr,
+    variant: PgVariant,
+    url: &str,
+    pool: usize,
+) -> Result<(), String> {
+    let app = app(variant, url, pool).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "listening on {}",
+        listener.local_addr().map_err(|e| e.to_string())?
+    );
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}

@@ -1,0 +1,108 @@
+//! What became of a proceeding request's outcome: [`Completion`], and the causes it carries.
+
+use crate::StoredResponse;
+use std::time::Duration;
+
+/// What [`Guard::complete`](crate::Guard::complete) or [`Guard::release`](crate::Guard::release) did with the request's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Completion {
+    /// The response is stored (with the request's transaction, if it opened one) and will be
+    /// replayed.
+    Stored,
+    /// The key was released for a retry: the policy does not store the status, or the caller
+    /// released it. The request's transaction, if it opened one, was rolled back.
+    Released,
+    /// The lease had been lost (the key was taken over, released or expired): nothing was
+    /// stored. Without a transaction the side effect did happen, so the response still goes to
+    /// this client, while retries get the other request's.
+    Stale,
+    /// The store failed after the handler ran. The claim is kept (retries get "in flight"),
+    /// and the response is stored, or the key released, in the background, retrying until the
+    /// lease runs out. The response still goes to this client.
+    Deferred,
+    /// The request's transaction did not commit (or its `COMMIT` failed on the way, when it may
+    /// have happened): the handler's response must not be sent as if its writes existed.
+    /// Answer with an error the client retries with the same key: a commit that happened after
+    /// all is then replayed, since its record holds the response.
+    RolledBack(RollbackCause),
+    /// The handler ended the request's transaction itself (a raw `COMMIT` or `ROLLBACK`), or
+    /// still held it after returning. Whether its writes exist is unknown, so nothing was
+    /// stored and the claim is kept until its lease runs out. A bug in the handler.
+    TransactionMisused,
+    /// One-transaction mode: another request with the same key completed first. This
+    /// request's transaction rolled back, so none of its writes exist, and the client is
+    /// answered as that request's duplicate.
+    Superseded(Superseded),
+}
+
+/// How to answer a request whose transaction lost its key to another request
+/// ([`Completion::Superseded`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Superseded {
+    /// The same request completed first: answer with its stored response.
+    Replay(StoredResponse),
+    /// The key was used with another request: answer 422.
+    Mismatch,
+    /// The key is held by a request still running (a lease-mode claim): answer 409.
+    InFlight {
+        /// A hint for `Retry-After`.
+        retry_after: Duration,
+    },
+}
+
+/// Why a request's transaction rolled back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RollbackCause {
+    /// Its lease was lost before the commit: another request holds the key and runs it.
+    LeaseLost,
+    /// The store failed before or during the commit. The key was released (fenced: only if the
+    /// commit did not happen), so a retry runs once, or replays if the commit did happen.
+    Store,
+}
+
+impl Completion {
+    /// Counts this completion in `idempotency_completions_total{result}`: literal labels, so
+    /// the key is a static (no allocation, no hashing per request).
+    pub(super) fn count(&self) {
+        let counter = match self {
+            Completion::Stored => {
+                metrics::counter!("idempotency_completions_total", "result" => "stored")
+            }
+            Completion::Released => {
+                metrics::counter!("idempotency_completions_total", "result" => "released")
+            }
+            Completion::Stale => {
+                metrics::counter!("idempotency_completions_total", "result" => "stale")
+            }
+            Completion::Deferred => {
+                metrics::counter!("idempotency_completions_total", "result" => "deferred")
+            }
+            Completion::RolledBack(_) => {
+                metrics::counter!("idempotency_completions_total", "result" => "rolled_back")
+            }
+            Completion::TransactionMisused => {
+                metrics::counter!("idempotency_completions_total", "result" => "transaction_misused")
+            }
+            Completion::Superseded(_) => {
+                metrics::counter!("idempotency_completions_total", "result" => "superseded")
+            }
+        };
+        counter.increment(1);
+    }
+
+    /// The label of this outcome in `idempotency_completions_total{result}`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Completion::Stored => "stored",
+            Completion::Released => "released",
+            Completion::Stale => "stale",
+            Completion::Deferred => "deferred",
+            Completion::RolledBack(_) => "rolled_back",
+            Completion::TransactionMisused => "transaction_misused",
+            Completion::Superseded(_) => "superseded",
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! [`Engine::begin`] in [`ClaimMode::OneTransaction`]: the key's lookup opens the request's
+//! transaction, and nothing is written before the handler's own writes.
+
+use super::retry::Op;
+use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
+use crate::engine::{Begin, Guard, Lease};
+use crate::{
+    Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin, LeaseToken, Scope, StoreError,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
+/// that request holds no lease whose end could be told, and such handlers take milliseconds.
+const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The length given to the [`Lease`] of a request in the one-transaction mode: its key is held
+/// by its open transaction, which has no end but its own, so the lease never runs out.
+const NO_LEASE_END: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// [`Engine::begin`] in [`ClaimMode::OneTransaction`]: one round trip opens the request's
+    /// transaction and reads the key in it; nothing is written before the handler's own writes.
+    /// A duplicate finds the key's lock held (in flight) or its record (replay, or mismatch);
+    /// waiting for it follows [`EngineConfig::in_flight_wait`] as in the lease mode.
+    pub(super) async fn begin_in_transaction(
+        &self,
+        scope: Scope,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<S>, StoreError> {
+        let shared = &self.shared;
+        let Some(store) = shared
+            .store
+            .transactional()
+            .filter(|store| store.supports_one_transaction())
+        else {
+            return Err(StoreError::Backend {
+                backend: shared.store.backend(),
+                source: "ClaimMode::OneTransaction needs a store whose transactions support it \
+                         (the PostgreSQL store with transactions on); this store does not"
+                    .into(),
+            });
+        };
+        let started = Instant::now();
+        let deadline = started + shared.config.in_flight_wait;
+        let mut poll = FIRST_POLL;
+        let mut seen_running: Option<Duration> = None;
+        loop {
+            let token = LeaseToken::new();
+            let begun = shared
+                .call(
+                    Op::Begin,
+                    store.begin_keyed(&scope, &key, &fingerprint, token),
+                )
+                .await;
+            let running = match begun {
+                Ok(KeyedBegin::Absent(tx)) => {
+                    let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
+                    let guard = Guard::in_transaction(Arc::clone(shared), lease, fingerprint, tx);
+                    return self.admitted(guard).await;
+                }
+                Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {
+                    Judged::Mismatch => return Ok(Begin::Mismatch),
+                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
+                    Judged::Running(lease_remaining) => lease_remaining,
+                },
+                Ok(KeyedBegin::Busy) => TRANSACTION_RETRY_AFTER,
+                Err(error) => {
+                    return match seen_running {
+                        // Something already showed that another request holds the key.
+                        Some(retry_after) => Ok(Begin::InFlight { retry_after }),
+                        None => Err(error),
+                    };
+                }
+            };
+            let retry_after = running
+                .min(TRANSACTION_RETRY_AFTER)
+                .min(shared.config.in_flight_retry_after);
+            seen_running = Some(retry_after);
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Begin::InFlight { retry_after });
+            }
+            tokio::time::sleep(poll.min(deadline - now)).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+}
