@@ -27,6 +27,19 @@ mod postgres {
             .await
     }
 
+    /// Whether the store's connection is encrypted, as the server sees it.
+    async fn encrypted(store: &PostgresStore) -> bool {
+        let client = store.pool().get().await.expect("connection");
+        client
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_ssl")
+            .get(0)
+    }
+
     /// The whole message of an error, with its causes.
     fn message(error: &PostgresStoreError) -> String {
         idempotency_core::ErrorChain(error).to_string()
@@ -50,17 +63,7 @@ mod postgres {
         .await
         .unwrap_or_else(|e| panic!("verify-full must connect: {}", message(&e)));
         store.migrate().await.expect("migrate over TLS");
-        let client = store.pool().get().await.expect("connection");
-        let ssl: bool = client
-            .query_one(
-                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
-            .await
-            .expect("pg_stat_ssl")
-            .get(0);
-        assert!(ssl, "the connection must be encrypted");
-        drop(client);
+        assert!(encrypted(&store).await, "the connection must be encrypted");
         let key = IdempotencyKey::parse(b"tls-key", KeyFormat::opaque()).expect("key");
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
         let claimed = store
@@ -136,16 +139,10 @@ mod postgres {
             let store = connect(&url(port, "127.0.0.1", params))
                 .await
                 .unwrap_or_else(|e| panic!("prefer must fall back: {}", message(&e)));
-            let client = store.pool().get().await.expect("connection");
-            let ssl: bool = client
-                .query_one(
-                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                    &[],
-                )
-                .await
-                .expect("pg_stat_ssl")
-                .get(0);
-            assert!(!ssl, "{params:?}: a declining server gets plain text");
+            assert!(
+                !encrypted(&store).await,
+                "{params:?}: a declining server gets plain text"
+            );
         }
         for mode in ["require", "verify-full"] {
             let refused = connect(&url(port, "127.0.0.1", &format!("sslmode={mode}"))).await;
