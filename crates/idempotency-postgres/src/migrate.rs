@@ -7,10 +7,12 @@ use crate::session::SetupSession;
 use crate::table::{Table, TableSettings};
 use std::fmt;
 
-/// One numbered migration. Its SQL is a template with placeholders the library fills in for
-/// the configured schema, table and mode; filled in for the defaults (`public.idempotency_keys`,
-/// UNLOGGED) it is, byte for byte, the file of the same name in `migrations/`, which teams that
-/// run their own migration tool apply as it is (a test keeps the two identical). Each records
+/// One numbered migration. Its SQL is a template (`sql/`, the schema's one source) with
+/// placeholders the library fills in for the configured schema, table and mode; filled in for
+/// the defaults (`public.idempotency_keys`, LOGGED) it is, byte for byte, the file of the same
+/// name in `migrations/`, which teams that run their own migration tool apply as it is (a test
+/// keeps the rendering and the files identical; the workspace's `migrations/` is the crate's,
+/// through a symbolic link). Each records
 /// itself in `<table>_migrations`, so the library and a hand-run migration see the same history.
 pub(crate) struct Migration {
     pub(crate) version: i32,
@@ -42,72 +44,11 @@ pub(crate) const MIGRATIONS: [Migration; 3] = [
     },
 ];
 
-const CREATE_TABLE: &str = "\
--- ADR 009's idempotency_keys table, with the project's amendments (docs/postgres.md explains each
--- deviation from the ADR's schema): {table}, {mode}.
--- Apply in order with `psql -v ON_ERROR_STOP=1 -1 -f <file>`; every statement is idempotent.
--- For other names or an UNLOGGED table, `idempotency print-sql` (or
--- PostgresStoreBuilder::migration_sql) renders these files for them.
-CREATE {persistence}TABLE IF NOT EXISTS {table} (
-    user_id      text        NOT NULL,  -- the scope: the authenticated principal
-    key          text        NOT NULL,  -- the client's Idempotency-Key
-    request_hash bytea       NOT NULL,  -- fingerprint: algorithm id (1 byte) + SHA-256 (32 bytes)
-    lease_token  uuid,                  -- fencing token while in flight; NULL once completed
-    locked_until timestamptz,           -- end of the lease while in flight; NULL once completed
-    status_code  integer,               -- stored status (also inside response), for operators
-    response     bytea,                 -- stored response: status, headers, body bytes
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    expires_at   timestamptz NOT NULL,  -- lease end while in flight, retention end once completed
-    PRIMARY KEY (user_id, key),
-    CHECK ((lease_token IS NULL) = (response IS NOT NULL))
-);
+const CREATE_TABLE: &str = include_str!("../sql/0001_create_idempotency_keys.sql");
 
-CREATE INDEX IF NOT EXISTS {expires_idx} ON {table} (expires_at);
+const SCHEDULE_PURGE: &str = include_str!("../sql/0002_schedule_purge_with_pg_cron.sql");
 
--- The state sentinel: a row that never expires, under a scope no caller can have (it starts
--- with a control character). Its absence tells the store that the table was emptied (crash
--- recovery of an UNLOGGED table, a failover, a TRUNCATE).
-INSERT INTO {table} (user_id, key, request_hash, status_code, response, expires_at)
-VALUES (E'\\x01idempotency-state', 'sentinel', '\\x00'::bytea, 0, '\\x'::bytea, 'infinity')
-ON CONFLICT (user_id, key) DO NOTHING;
-
-CREATE TABLE IF NOT EXISTS {migrations} (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-INSERT INTO {migrations} (version, name) VALUES (1, '0001_create_idempotency_keys')
-ON CONFLICT (version) DO NOTHING;
-";
-
-const SCHEDULE_PURGE: &str = "\
--- The ADR's hourly purge of {table}, as a pg_cron job, where the pg_cron extension is
--- installed in this database; elsewhere this does nothing (and is not recorded), and
--- PostgresStore::purge_expired, run periodically, does the same work.
--- Purging only reclaims space: expired rows are already ignored on every read.
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
-        PERFORM cron.schedule({job_name}, {schedule}, {purge_command});
-        INSERT INTO {migrations} (version, name) VALUES (2, '0002_schedule_purge_with_pg_cron')
-        ON CONFLICT (version) DO NOTHING;
-    END IF;
-END
-$$;
-";
-
-const TUNE_AUTOVACUUM: &str = "\
--- Autovacuum for a table whose rows are all replaced once per retention period: vacuum after
--- each hourly purge (1% of the rows dead, at least 1000) instead of waiting for 20% of them.
--- Measured by the report's \"purge at scale\" (2M rows over 4 compressed days, see
--- docs/benchmarks.md). `ALTER TABLE {table} RESET (...)` undoes it.
-ALTER TABLE {table} SET (
-    autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_threshold = 1000
-);
-INSERT INTO {migrations} (version, name) VALUES (3, '0003_tune_autovacuum')
-ON CONFLICT (version) DO NOTHING;
-";
+const TUNE_AUTOVACUUM: &str = include_str!("../sql/0003_tune_autovacuum.sql");
 
 impl Migration {
     /// The SQL for `name` in `mode`, the purge job on `purge_schedule`.
@@ -375,26 +316,22 @@ mod tests {
         }
     }
 
-    /// The workspace's top-level `migrations/` holds the same files as the crate's.
+    /// The workspace's top-level `migrations/` is the crate's folder itself (a symbolic link),
+    /// not a copy.
     #[test]
     fn the_top_level_migrations_are_the_crate_s() {
         let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        for migration in &MIGRATIONS {
-            let ours =
-                std::fs::read_to_string(crate_dir.join("migrations").join(migration.file_name()))
-                    .unwrap();
-            let top = crate_dir
-                .join("../../migrations")
-                .join(migration.file_name());
-            let theirs =
-                std::fs::read_to_string(&top).unwrap_or_else(|e| panic!("{}: {e}", top.display()));
-            assert_eq!(
-                ours,
-                theirs,
-                "{} differs from the crate's copy",
-                top.display()
-            );
-        }
+        let ours = crate_dir.join("migrations").canonicalize().unwrap();
+        let top = crate_dir.join("../../migrations");
+        let theirs = top
+            .canonicalize()
+            .unwrap_or_else(|e| panic!("{}: {e}", top.display()));
+        assert_eq!(
+            ours,
+            theirs,
+            "{} is not the crate's migrations/",
+            top.display()
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! earlier by at most that claim's round trip: its first heartbeat starts that much late, a
 //! small part of the two periods the lease still has.
 //!
-//! The driver and the heartbeats sleep on a timer thread of their own ([`sleep_until`]), not
+//! The driver and the heartbeats sleep on a timer thread of their own (`timer.rs`), not
 //! on the runtime's timer: Tokio fires its timers only from a worker parked on its driver, and
 //! a worker that wakes holding the driver and then runs a handler that blocks its thread
 //! leaves every timer of the runtime unattended while the other workers sleep on their
@@ -27,6 +27,7 @@
 
 use super::Shared;
 use super::lease::Lease;
+use super::timer::sleep_until;
 use crate::{ErrorChain, FenceOutcome, IdempotencyStore};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -226,12 +227,6 @@ async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<S
             () = closed => return,
         }
     }
-}
-
-/// A future that resolves at `deadline`, woken from futures-timer's own thread (see the module
-/// documentation for why not the runtime's timer).
-pub(crate) fn sleep_until(deadline: Instant) -> futures_timer::Delay {
-    futures_timer::Delay::new(deadline.saturating_duration_since(Instant::now()))
 }
 
 /// Extends the lease now and then every third of its length until the request has stored or

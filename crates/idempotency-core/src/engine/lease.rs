@@ -187,7 +187,7 @@ impl Lease {
             }
             tokio::select! {
                 () = changed => {}
-                () = super::heartbeat::sleep_until(until) => return self.heartbeat_wanted(),
+                () = super::timer::sleep_until(until) => return self.heartbeat_wanted(),
             }
         }
     }

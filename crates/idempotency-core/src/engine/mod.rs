@@ -19,6 +19,7 @@ mod opener;
 mod pending;
 mod retry;
 mod store_metrics;
+mod timer;
 
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
