@@ -85,14 +85,14 @@ async fn postgres_settings(servers: &Servers) -> Result<(PgSettings, String), St
 }
 
 async fn redis_settings(servers: &Servers) -> Option<RedisSettings> {
-    // The store's own reading of the server (`RedisStore::server_info`), under a prefix of its
+    // The store's own reading of the server (`RedisStore::status`), under a prefix of its
     // own so the probe touches no bench keys.
     let store = idempotency::RedisStore::builder(&servers.redis)
         .key_prefix("idem-bench-probe:")
         .build()
         .await
         .ok()?;
-    let info = store.server_info().await.ok()?;
+    let info = store.status().await.ok()?;
     Some(RedisSettings {
         version: info.version,
         save: info.save.unwrap_or_else(|| "unknown".to_owned()),

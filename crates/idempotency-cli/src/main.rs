@@ -241,7 +241,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
                 Kind::Redis => {
                     let store = redis(url).await?;
-                    let info = store.server_info().await.map_err(|e| store_error(&e))?;
+                    let info = store.status().await.map_err(|e| store_error(&e))?;
                     print!("{info}");
                     info.problems()
                 }

@@ -61,7 +61,7 @@ use std::sync::LazyLock;
 pub use builder::RedisStoreBuilder;
 pub use error::RedisStoreError;
 pub use redis;
-pub use status::ServerInfo;
+pub use status::StoreStatus;
 pub use store::RedisStore;
 
 /// The default key prefix.

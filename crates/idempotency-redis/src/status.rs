@@ -7,10 +7,10 @@ use idempotency_core::StoreError;
 use std::fmt;
 
 /// The settings of the Redis server that decide whether records survive, read by
-/// [`RedisStore::server_info`] from `INFO` (on a cluster, from the first master that answers).
+/// [`RedisStore::status`] from `INFO` (on a cluster, from the first master that answers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ServerInfo {
+pub struct StoreStatus {
     /// `redis_version`.
     pub version: String,
     /// `appendonly`: whether writes are logged to disk.
@@ -24,7 +24,7 @@ pub struct ServerInfo {
     pub maxmemory_policy: String,
 }
 
-impl ServerInfo {
+impl StoreStatus {
     /// Whether the eviction policy can drop idempotency records (in-flight claims included).
     pub fn evicts_records(&self) -> bool {
         crate::eviction::policy_evicts(&self.maxmemory_policy)
@@ -51,7 +51,7 @@ impl ServerInfo {
     }
 }
 
-impl fmt::Display for ServerInfo {
+impl fmt::Display for StoreStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "server: Redis {}", self.version)?;
         let save = match &self.save {
@@ -75,7 +75,7 @@ impl RedisStore {
     /// Reads the server's persistence and eviction settings from `INFO server`, `INFO
     /// persistence` and `INFO memory`, which managed services (ElastiCache) allow; the snapshot
     /// schedule only `CONFIG GET save` has, so it is `None` where `CONFIG` is refused.
-    pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
+    pub async fn status(&self) -> Result<StoreStatus, StoreError> {
         let first = |nodes: Vec<(String, String)>| nodes.into_iter().next().map(|(_, info)| info);
         let connection = &self.inner.connection;
         let mut info = String::new();
@@ -96,7 +96,7 @@ impl RedisStore {
             Connection::Single(c) => command.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => command.query_async(&mut c.clone()).await,
         };
-        Ok(ServerInfo {
+        Ok(StoreStatus {
             version: value("redis_version"),
             appendonly: value("aof_enabled") == "1",
             save: save

@@ -186,7 +186,7 @@ mod redis {
     }
 
     /// A server with `CONFIG` disabled, as on ElastiCache: the store builds (its checks read
-    /// `INFO`), and `server_info` reads persistence and eviction from `INFO`, with the snapshot
+    /// `INFO`), and `status` reads persistence and eviction from `INFO`, with the snapshot
     /// schedule unknown rather than an error.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn without_config_the_settings_come_from_info() {
@@ -207,10 +207,7 @@ mod redis {
             .build()
             .await
             .expect("build without CONFIG");
-        let info = store
-            .server_info()
-            .await
-            .expect("server info without CONFIG");
+        let info = store.status().await.expect("server info without CONFIG");
         assert!(info.appendonly, "{info}");
         assert_eq!(info.save, None, "{info}");
         assert_eq!(info.maxmemory, 64 * 1024 * 1024, "{info}");
