@@ -1,9 +1,16 @@
-//! The storage trait every backend implements.
+//! What a store author needs, in one place: the [`IdempotencyStore`] trait every backend
+//! implements, the records and outcomes its primitives exchange, loss reporting, and the
+//! transactional side a database store may offer. An application needs none of it but
+//! `IdempotencyStore` (as `Arc<dyn IdempotencyStore>`) and [`purge_periodically`], which the crate
+//! root re-exports; `docs/writing-a-store.md` walks through implementing a store. (The other names
+//! are still at the crate root too, hidden from its documentation, for code written before.)
 
-use crate::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope, StoreError,
-    StoredResponse, TransactionalStore,
-};
+pub use crate::error::CorruptRecord;
+pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};
+pub use crate::state_loss::StateLoss;
+pub use crate::transaction::{CommitOutcome, KeyedBegin, StoreTransaction, TransactionalStore};
+
+use crate::{Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,7 +96,7 @@ pub trait IdempotencyStore: Send + Sync {
         None
     }
 
-    /// How many times this store has found its records lost (its [`StateLoss`](crate::StateLoss)
+    /// How many times this store has found its records lost (its [`StateLoss`]
     /// count: an UNLOGGED table emptied by a crash, Redis restarted without persistence or
     /// flushed). A cache in front of the store (the replay tier) drops what it copied before
     /// the count moved. 0 by default, for a store that cannot lose records without losing
