@@ -43,9 +43,14 @@ mod message;
 pub use consumer::{Consumer, ConsumerConfig, ConsumerError, Handled, declare_queues, handle};
 pub use message::{CreateTask, Message, TaskResult};
 
-/// The tasks table the consumer writes (created if missing).
-pub const CREATE_TASKS_TABLE: &str = "CREATE TABLE IF NOT EXISTS consumer_tasks (\
-     id bigserial PRIMARY KEY, owner text NOT NULL, title text NOT NULL, message_id text NOT NULL)";
+/// The tasks table the consumer writes (created if missing). Under a transaction-scoped advisory
+/// lock: consumers starting together on a new database would otherwise race in
+/// `CREATE TABLE IF NOT EXISTS`, and all but one fail with "relation already exists".
+pub const CREATE_TASKS_TABLE: &str = "BEGIN; \
+     SELECT pg_advisory_xact_lock(hashtext('idempotency-consumer-demo.consumer_tasks')); \
+     CREATE TABLE IF NOT EXISTS consumer_tasks (id bigserial PRIMARY KEY, owner text NOT NULL, \
+     title text NOT NULL, message_id text NOT NULL); \
+     COMMIT;";
 
 /// The one write of a "create task" message.
 pub const INSERT_TASK: &str =
