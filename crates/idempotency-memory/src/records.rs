@@ -276,10 +276,10 @@ impl Records {
         self.publish(shard_index(hash), shard);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_add(added, Ordering::Relaxed);
-        self.shares.charge(id, hash, added);
+        let over_share = self.shares.charge(id, hash, added);
         drop(guard);
         if self.when_full == WhenFull::EvictLeastRecentlyUsed {
-            if self.shares.is_over(id) {
+            if over_share {
                 self.evict_own_records(id, (shard_index(hash), stamp));
             }
             self.evict_to_bound((shard_index(hash), stamp));

@@ -70,10 +70,11 @@ impl Shares {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Counts the record of `id` (whose id carries `hash`), weighing `weight`, in its scope.
-    pub(crate) fn charge(&self, id: &[u8], hash: u64, weight: u64) {
+    /// Counts the record of `id` (whose id carries `hash`), weighing `weight`, in its scope;
+    /// whether the scope now holds more than its share (never the unscoped key space).
+    pub(crate) fn charge(&self, id: &[u8], hash: u64, weight: u64) -> bool {
         if !self.enabled() {
-            return;
+            return false;
         }
         let scope = scope_of(id);
         let mut shard = self.shard(scope);
@@ -89,6 +90,7 @@ impl Shares {
             let stale = held.order.len() - keep;
             held.order.drain(..stale);
         }
+        held.bytes > self.limit && scope != Scope::UNSCOPED.as_bytes()
     }
 
     /// Takes the record of `id`, weighing `weight`, off its scope, forgetting a scope left
