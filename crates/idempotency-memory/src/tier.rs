@@ -100,11 +100,14 @@ impl<S: IdempotencyStore> ReplayTierBuilder<S> {
 /// ```
 ///
 /// # What it changes
-/// - Replays on this process cost no round trip and see no store outage.
+/// - Replays on this process cost no round trip, but for one state check of the store per
+///   [`ReplayTierBuilder::check_state_every`] (1 s), paid by the call that finds it due.
 /// - A record deleted from the store by hand (a support action) keeps replaying from the tier
-///   of each process that holds it, until it expires there or the process restarts. The same
-///   holds for records a store loses (an UNLOGGED table truncated by a crash): a process whose
-///   tier still holds one replays it instead of running the request again.
+///   of each process that holds it, until it expires there or the process restarts. Records a
+///   store loses and notices (an UNLOGGED table emptied by a crash, Redis restarted without
+///   persistence) are dropped from the tier at its next state check.
+/// - While a state check fails (the store is down), nothing is answered from the tier: replays
+///   fail with the store rather than contradict what it may hold after the outage.
 /// - Memory: at most [`ReplayTierBuilder::max_cached_bytes`] for records, plus the pending
 ///   claims' fingerprints.
 pub struct ReplayTier<S> {
