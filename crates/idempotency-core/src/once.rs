@@ -98,10 +98,16 @@ pub enum OnceError<E> {
     /// The key was used with another input: never retryable, and never the other's value.
     #[error("the key was already used with a different input")]
     Mismatch,
-    /// The work's transaction did not commit, or its `COMMIT` failed on the way: run it again
-    /// with the same key, which replays the value if the commit did happen after all.
+    /// The work's transaction did not commit: none of its writes exist; run it again with the
+    /// same key.
     #[error("the work's transaction did not commit; retry with the same key")]
     NotCommitted(RollbackCause),
+    /// The work's `COMMIT` was sent but never confirmed (a timeout or a lost connection): its
+    /// writes and value exist, or neither does. Run it again with the same key to learn which:
+    /// a commit that happened replays its value, one that did not runs the work. Never treat
+    /// it as not done under another key.
+    #[error("the work's commit was not confirmed; retry with the same key to learn the outcome")]
+    OutcomeUnknown,
     /// The work ended its transaction itself, or kept it after returning: whether its writes
     /// exist is unknown, so nothing was stored and the key stays claimed until its lease ends.
     /// A bug in the work.
@@ -128,11 +134,15 @@ pub enum OnceError<E> {
 }
 
 impl<E> OnceError<E> {
-    /// Whether the same key and input may succeed later: in flight, not committed, a store
+    /// Whether the same key and input may succeed later: in flight, not committed (or not
+    /// known to be), a store
     /// failure, or the work's own (retryable) error.
     pub fn is_retryable(&self) -> bool {
         match self {
-            OnceError::Work(_) | OnceError::InFlight { .. } | OnceError::NotCommitted(_) => true,
+            OnceError::Work(_)
+            | OnceError::InFlight { .. }
+            | OnceError::NotCommitted(_)
+            | OnceError::OutcomeUnknown => true,
             OnceError::Store(error) => error.is_retryable(),
             OnceError::Mismatch
             | OnceError::TransactionMisused
@@ -259,6 +269,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             | Completion::Stale
             | Completion::Released => Ok(Outcome::Ran { value, completion }),
             Completion::RolledBack(cause) => Err(OnceError::NotCommitted(cause)),
+            Completion::OutcomeUnknown => Err(OnceError::OutcomeUnknown),
             Completion::TransactionMisused => Err(OnceError::TransactionMisused),
             Completion::Superseded(Superseded::Replay(stored)) => replayed(&stored),
             Completion::Superseded(Superseded::Mismatch) => Err(OnceError::Mismatch),

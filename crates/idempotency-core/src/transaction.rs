@@ -124,9 +124,14 @@ pub enum CommitOutcome {
 pub trait StoreTransaction: Send + Sync + 'static {
     /// In this transaction: stores `response` for `retention` if the claim's token still holds
     /// the claim, then commits. [`CommitOutcome::LeaseLost`] and
-    /// [`CommitOutcome::EndedByHandler`] commit nothing. An `Err` means the commit did not
-    /// happen or its outcome is unknown; either way the record still carries the claim's token
-    /// unless the commit happened, so a fenced release afterwards is always safe.
+    /// [`CommitOutcome::EndedByHandler`] commit nothing.
+    ///
+    /// An `Err` whose [`is_unreachable`](StoreError::is_unreachable) is true (the connection
+    /// dropped, the server stopped) means the outcome is unknown: the `COMMIT` may have
+    /// happened. Any other `Err` must mean that it did not (the database answered with an
+    /// error, so the transaction ended without committing). Either way the record still
+    /// carries the claim's token unless the commit happened, so a fenced release afterwards is
+    /// always safe. (The engine's own timeout around this call also counts as unknown.)
     async fn complete_and_commit(
         self: Box<Self>,
         response: &StoredResponse,

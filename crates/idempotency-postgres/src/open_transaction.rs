@@ -4,7 +4,7 @@
 //! their driver's handle.
 
 use crate::driver::{
-    DIVISION_BY_ZERO, Driver, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
+    DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
@@ -130,7 +130,7 @@ impl<D: Driver> OpenTransaction<D> {
         match completed {
             Ok(rows) if rows.len() == 1 => committed
                 .map(|()| CommitOutcome::Committed)
-                .map_err(StoreError::from),
+                .map_err(commit_error),
             Ok(rows) => Err(StoreError::corrupt(
                 BACKEND,
                 CorruptRecord::Field(if rows.is_empty() {
@@ -157,7 +157,7 @@ impl<D: Driver> OpenTransaction<D> {
                     CommitOutcome::LeaseLost
                 })
             }
-            Err(error) => Err(error.into()),
+            Err(error) => Err(commit_error(error)),
         }
     }
 
@@ -190,7 +190,7 @@ impl<D: Driver> OpenTransaction<D> {
         match inserted {
             Ok(rows) if rows.len() == 1 => committed
                 .map(|()| CommitOutcome::Committed)
-                .map_err(StoreError::from),
+                .map_err(commit_error),
             Ok(_) => Err(StoreError::corrupt(
                 BACKEND,
                 CorruptRecord::Field("the completion returned no row or several"),
@@ -207,8 +207,27 @@ impl<D: Driver> OpenTransaction<D> {
                     None => Ok(CommitOutcome::EndedByHandler),
                 }
             }
-            Err(error) => Err(error.into()),
+            Err(error) => Err(commit_error(error)),
         }
+    }
+}
+
+/// A failure of the pipelined completion and `COMMIT`, as the store error that says whether the
+/// commit may have happened (see
+/// [`StoreTransaction::complete_and_commit`](idempotency_core::StoreTransaction::complete_and_commit)):
+/// an error the server answered with ends the transaction uncommitted, so it is never reported
+/// as unreachable (a serialization failure, say, which is otherwise retryable). A lost
+/// connection, or the server stopping (SQLSTATE classes 08 and 57, sent as it terminates the
+/// session), may have come after the commit: reported as it is, unreachable.
+fn commit_error(error: DriverError) -> StoreError {
+    let answered = match error.sqlstate.as_deref() {
+        Some(code) => !matches!(code.get(..2), Some("08" | "57")),
+        None => false,
+    };
+    if answered && error.error.is_unreachable() {
+        StoreError::from_failure(BACKEND, false, error.error)
+    } else {
+        error.error
     }
 }
 

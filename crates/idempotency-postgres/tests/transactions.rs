@@ -8,8 +8,8 @@ mod postgres {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
     use idempotency_core::{
-        Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
-        IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope,
+        Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
+        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope,
         StoreTransaction, StoredResponse, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
@@ -456,6 +456,69 @@ mod postgres {
         f.drop().await;
     }
 
+    /// A `COMMIT` the store does not confirm within its timeout (a deferred trigger holds it,
+    /// as a synchronous standby that does not answer would) is an unknown outcome: not "rolled
+    /// back", since it may still land. The retry with the same key learns which: the commit that
+    /// lands replays its response with one side effect; one that fails lets the retry run. In
+    /// both claim modes. (Before issue 26 item 2, both were `RolledBack(Store)`, "none of its
+    /// writes exist", while the first did commit.)
+    async fn a_commit_not_confirmed_in_time_is_an_unknown_outcome<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        for mode in [ClaimMode::Lease, ClaimMode::OneTransaction] {
+            for lands in [true, false] {
+                // Holds every COMMIT that inserted a side effect for 800 ms, then lets it
+                // commit or refuses it.
+                let end = if lands {
+                    "RETURN NULL;"
+                } else {
+                    "RAISE EXCEPTION 'refused at commit';"
+                };
+                f.sql(&format!(
+                    "CREATE OR REPLACE FUNCTION \"{{schema}}\".hold_commit() RETURNS trigger \
+                     LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.8); {end} END $$; \
+                     DROP TRIGGER IF EXISTS hold_commit ON \"{{schema}}\".side_effects; \
+                     CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT \
+                       ON \"{{schema}}\".side_effects DEFERRABLE INITIALLY DEFERRED \
+                       FOR EACH ROW EXECUTE FUNCTION \"{{schema}}\".hold_commit();"
+                ))
+                .await;
+                let engine = f.engine(
+                    EngineConfig::default()
+                        .with_claim_mode(mode)
+                        .with_store_timeout(Duration::from_millis(200)),
+                );
+                let (s, k) = (scope(), key());
+                let guard = proceed(&engine, &s, &k).await;
+                write_side_effect(&guard, &f.schema).await;
+                assert_eq!(
+                    guard.complete(response(201)).await,
+                    Completion::OutcomeUnknown,
+                    "{mode:?}, lands: {lands}"
+                );
+                // The held COMMIT ends; the retry learns its outcome.
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                if lands {
+                    match engine.begin(s.clone(), k.clone(), fp()).await {
+                        Ok(Begin::Replay(stored)) => {
+                            assert_eq!(stored.status(), StatusCode::CREATED)
+                        }
+                        other => panic!("{mode:?}: a commit that landed replays, got {other:?}"),
+                    }
+                    assert_eq!(f.side_effects(&k).await, 1, "{mode:?}");
+                } else {
+                    // The lease mode's claim is released by the fenced release, retried in the
+                    // background while the held COMMIT kept its row locked.
+                    assert_released(&engine, &s, &k).await;
+                    assert_eq!(f.side_effects(&k).await, 0, "{mode:?}");
+                }
+            }
+        }
+        f.sql("DROP TRIGGER hold_commit ON \"{schema}\".side_effects")
+            .await;
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
     /// A handler that ends the transaction itself is caught: nothing is stored, the key stays
     /// claimed (its writes may or may not exist), and the misuse is reported.
     async fn a_handler_that_commits_itself_is_caught<S: Driver>() {
@@ -547,6 +610,7 @@ mod postgres {
                 a_status_not_stored_rolls_back_and_releases,
                 a_dropped_guard_rolls_back_and_releases,
                 a_store_error_at_commit_rolls_back_and_releases,
+                a_commit_not_confirmed_in_time_is_an_unknown_outcome,
                 a_handler_that_commits_itself_is_caught,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
             );

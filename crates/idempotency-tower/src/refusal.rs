@@ -54,9 +54,13 @@ pub enum RefusalKind {
     Busy,
     /// The handler panicked or its response body failed (500).
     HandlerFailed,
-    /// The request's transaction did not commit, or its `COMMIT` failed on the way and may
-    /// have happened: retry with the same key (503, `Retry-After`).
+    /// The request's transaction did not commit, so none of its writes exist: retry with the
+    /// same key (503, `Retry-After`).
     NotCommitted,
+    /// The request's `COMMIT` was not confirmed (a timeout or a lost connection), so its writes
+    /// may or may not exist: retry with the same key to learn the outcome (503,
+    /// `Retry-After`).
+    OutcomeUnknown,
     /// The handler ended or kept its transaction itself (500).
     TransactionMisused,
     /// A handler asked for a transaction the request does not have (500).
@@ -216,6 +220,9 @@ pub(crate) enum Problem {
     NotCommitted {
         retry_after: Duration,
     },
+    OutcomeUnknown {
+        retry_after: Duration,
+    },
     TransactionMisused,
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     TransactionUnavailable,
@@ -229,7 +236,8 @@ impl Problem {
             | Problem::StoreUnavailable { retry_after }
             | Problem::ScopeFull { retry_after }
             | Problem::Busy { retry_after }
-            | Problem::NotCommitted { retry_after } => Some(*retry_after),
+            | Problem::NotCommitted { retry_after }
+            | Problem::OutcomeUnknown { retry_after } => Some(*retry_after),
             _ => None,
         };
         let kind = match &self {
@@ -248,6 +256,7 @@ impl Problem {
             Problem::Busy { .. } => RefusalKind::Busy,
             Problem::HandlerFailed => RefusalKind::HandlerFailed,
             Problem::NotCommitted { .. } => RefusalKind::NotCommitted,
+            Problem::OutcomeUnknown { .. } => RefusalKind::OutcomeUnknown,
             Problem::TransactionMisused => RefusalKind::TransactionMisused,
             Problem::TransactionUnavailable => RefusalKind::TransactionUnavailable,
         };
@@ -378,8 +387,15 @@ impl Problem {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not-committed",
                 "The request's changes were not committed",
-                "The request ran, but its changes could not be committed together with its idempotency record. Retry with the same Idempotency-Key (never a new one): if the commit happened after all, the retry replays its answer; if not, it runs the request.".into(),
+                "The request ran, but the database refused to commit its changes together with its idempotency record, so none of them exist. Retry with the same Idempotency-Key: the retry runs the request.".into(),
                 "idempotency_not_committed",
+            ),
+            Problem::OutcomeUnknown { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome-unknown",
+                "The request's outcome is unknown",
+                "The request ran, but the database did not confirm its commit (it timed out or the connection dropped while committing), so its changes may or may not exist. Retry with the same Idempotency-Key to learn the outcome, never with a new one: if the commit happened, the retry replays its answer; if not, it runs the request.".into(),
+                "idempotency_outcome_unknown",
             ),
             Problem::TransactionMisused => (
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -310,6 +310,9 @@ where
                 Completion::RolledBack(_) => Problem::NotCommitted {
                     retry_after: RETRY_AFTER,
                 },
+                Completion::OutcomeUnknown => Problem::OutcomeUnknown {
+                    retry_after: RETRY_AFTER,
+                },
                 Completion::TransactionMisused => Problem::TransactionMisused,
                 // A duplicate completed first and this request's writes rolled back: it is
                 // answered as that duplicate's retry would be.

@@ -21,11 +21,18 @@ pub enum Completion {
     /// and the response is stored, or the key released, in the background, retrying until the
     /// lease runs out. The response still goes to this client.
     Deferred,
-    /// The request's transaction did not commit (or its `COMMIT` failed on the way, when it may
-    /// have happened): the handler's response must not be sent as if its writes existed.
-    /// Answer with an error the client retries with the same key: a commit that happened after
-    /// all is then replayed, since its record holds the response.
+    /// The request's transaction did not commit: none of its writes exist, and the handler's
+    /// response must not be sent as if they did. Answer with an error the client retries with
+    /// the same key; the retry runs the request.
     RolledBack(RollbackCause),
+    /// The request's `COMMIT` was sent but never confirmed (the store timed out, or the
+    /// connection dropped, while it was on its way): the writes and the record exist, or
+    /// neither does, and nobody can tell yet. The handler's response must not be sent as if
+    /// they did, nor an answer that says they do not: tell the client to retry with the same
+    /// key to learn the outcome (a commit that happened replays, since its record holds the
+    /// response; one that did not runs the request). A client that resubmits under a new key
+    /// could create a duplicate.
+    OutcomeUnknown,
     /// The handler ended the request's transaction itself (a raw `COMMIT` or `ROLLBACK`), or
     /// still held it after returning. Whether its writes exist is unknown, so nothing was
     /// stored and the claim is kept until its lease runs out. A bug in the handler.
@@ -58,8 +65,9 @@ pub enum Superseded {
 pub enum RollbackCause {
     /// Its lease was lost before the commit: another request holds the key and runs it.
     LeaseLost,
-    /// The store failed before or during the commit. The key was released (fenced: only if the
-    /// commit did not happen), so a retry runs once, or replays if the commit did happen.
+    /// The store refused the completion or the commit (an error the database answered with,
+    /// so the transaction ended without committing). The key was released, so a retry runs
+    /// once.
     Store,
 }
 
@@ -83,6 +91,9 @@ impl Completion {
             Completion::RolledBack(_) => {
                 metrics::counter!("idempotency_completions_total", "result" => "rolled_back")
             }
+            Completion::OutcomeUnknown => {
+                metrics::counter!("idempotency_completions_total", "result" => "outcome_unknown")
+            }
             Completion::TransactionMisused => {
                 metrics::counter!("idempotency_completions_total", "result" => "transaction_misused")
             }
@@ -101,6 +112,7 @@ impl Completion {
             Completion::Stale => "stale",
             Completion::Deferred => "deferred",
             Completion::RolledBack(_) => "rolled_back",
+            Completion::OutcomeUnknown => "outcome_unknown",
             Completion::TransactionMisused => "transaction_misused",
             Completion::Superseded(_) => "superseded",
         }

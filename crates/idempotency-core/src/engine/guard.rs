@@ -321,29 +321,38 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 );
                 Completion::TransactionMisused
             }
-            Err(error) if self.hold.is_transaction() => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "the request's transaction did not commit"
-                );
-                Completion::RolledBack(RollbackCause::Store)
-            }
             Err(error) => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "the request's transaction did not commit (or its COMMIT failed on the \
-                     way and may have happened); releasing the key so the retry runs or replays"
-                );
-                // Fenced by the token: if the commit did happen after all, the record is
-                // completed and no longer carries the token, so nothing is released.
-                spawn_release(
-                    Arc::clone(shared),
-                    self.lease.clone(),
-                    "transaction not committed",
-                );
-                Completion::RolledBack(RollbackCause::Store)
+                // A timeout or a lost connection: the COMMIT may have happened. Anything else
+                // is the database's own refusal, which ended the transaction uncommitted.
+                let unknown = error.is_unreachable();
+                if unknown {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "the request's COMMIT was not confirmed: it may or may not have happened"
+                    );
+                } else {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "the request's transaction did not commit"
+                    );
+                }
+                if !self.hold.is_transaction() {
+                    // Fenced by the token: if the commit did happen after all, the record is
+                    // completed and no longer carries the token, so nothing is released and
+                    // the retry replays; otherwise the retry runs.
+                    spawn_release(
+                        Arc::clone(shared),
+                        self.lease.clone(),
+                        "transaction not committed",
+                    );
+                }
+                if unknown {
+                    Completion::OutcomeUnknown
+                } else {
+                    Completion::RolledBack(RollbackCause::Store)
+                }
             }
         }
     }
