@@ -32,6 +32,118 @@ pub(crate) enum Param<'a> {
     Float8(f64),
 }
 
+/// A [`Param`] that owns its value: what a statement sent in the background keeps.
+#[derive(Clone, Debug)]
+pub(crate) enum OwnedParam {
+    Text(String),
+    Bytes(Vec<u8>),
+    Uuid(uuid::Uuid),
+    Int4(i32),
+    Int8(i64),
+    Float8(f64),
+}
+
+impl OwnedParam {
+    /// `params`, owned.
+    pub(crate) fn all(params: &[Param<'_>]) -> Vec<OwnedParam> {
+        params
+            .iter()
+            .map(|param| match *param {
+                Param::Text(v) => OwnedParam::Text(v.to_owned()),
+                Param::Bytes(v) => OwnedParam::Bytes(v.to_vec()),
+                Param::Uuid(v) => OwnedParam::Uuid(v),
+                Param::Int4(v) => OwnedParam::Int4(v),
+                Param::Int8(v) => OwnedParam::Int8(v),
+                Param::Float8(v) => OwnedParam::Float8(v),
+            })
+            .collect()
+    }
+
+    /// The parameter, borrowed.
+    pub(crate) fn as_param(&self) -> Param<'_> {
+        match self {
+            OwnedParam::Text(v) => Param::Text(v),
+            OwnedParam::Bytes(v) => Param::Bytes(v),
+            OwnedParam::Uuid(v) => Param::Uuid(*v),
+            OwnedParam::Int4(v) => Param::Int4(*v),
+            OwnedParam::Int8(v) => Param::Int8(*v),
+            OwnedParam::Float8(v) => Param::Float8(*v),
+        }
+    }
+}
+
+/// A statement to send after another on the same connection if the caller stops waiting for
+/// the first (see [`Driver::query_or_undo`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Undo<'a> {
+    pub(crate) sql: &'a Sql,
+    pub(crate) params: &'a [Param<'a>],
+}
+
+impl Undo<'_> {
+    /// The statement and its parameters, owned, to send in the background.
+    pub(crate) fn owned(&self) -> (Sql, Vec<OwnedParam>) {
+        (self.sql.clone(), OwnedParam::all(self.params))
+    }
+}
+
+/// How a driver sends an [`Undo`] in the background on a connection `C` it owns.
+pub(crate) type SendUndo<C> =
+    fn(C, Sql, Vec<OwnedParam>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Holds the connection a statement was sent on while its caller waits for the answer. Dropped
+/// before [`UndoOnDrop::answered`] (the caller gave up), it sends its [`Undo`] on that
+/// connection in the background, so the server runs it after the statement, and the
+/// connection goes back to the pool after both. Costs nothing until then.
+pub(crate) struct UndoOnDrop<'a, C: Send + 'static> {
+    connection: Option<C>,
+    undo: Undo<'a>,
+    send: SendUndo<C>,
+}
+
+impl<'a, C: Send + 'static> UndoOnDrop<'a, C> {
+    pub(crate) fn new(connection: C, undo: Undo<'a>, send: SendUndo<C>) -> Self {
+        UndoOnDrop {
+            connection: Some(connection),
+            undo,
+            send,
+        }
+    }
+
+    /// The connection.
+    pub(crate) fn connection(&mut self) -> &mut C {
+        match &mut self.connection {
+            Some(connection) => connection,
+            None => unreachable!("the connection is only taken when the guard ends"),
+        }
+    }
+
+    /// The statement was answered: nothing to undo; the connection goes back to the pool.
+    pub(crate) fn answered(mut self) {
+        self.connection = None;
+    }
+}
+
+impl<C: Send + 'static> Drop for UndoOnDrop<'_, C> {
+    fn drop(&mut self) {
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
+        let (sql, params) = self.undo.owned();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn((self.send)(connection, sql, params));
+            }
+            // No runtime to send it on (only in a runtime's shutdown): the claim's lease runs
+            // out on its own.
+            Err(_) => tracing::warn!(
+                "no Tokio runtime to release an unanswered claim on; it frees when its lease \
+                 runs out"
+            ),
+        }
+    }
+}
+
 /// A driver's failure: the store error it means, and the server's SQLSTATE when the server
 /// answered with an error.
 #[derive(Debug)]
@@ -127,6 +239,18 @@ pub(crate) trait Driver: Send + Sync + 'static {
 
     /// Runs `sql` on a pooled connection (one round trip once prepared there).
     async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Self::Row>, DriverError>;
+
+    /// Runs `sql` on a pooled connection like [`Driver::query`]; if the call is dropped before
+    /// its answer (the engine's timeout), sends `undo` on the same connection in the
+    /// background. A connection's statements run in the order they were sent, so the server
+    /// runs `undo` after `sql` has ended, whenever that is (a lock wait, a slow or frozen
+    /// server): a claim whose caller gave up can never land after its release.
+    async fn query_or_undo(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+        undo: Undo<'_>,
+    ) -> Result<Vec<Self::Row>, DriverError>;
 
     /// Runs `sql` on a pooled connection; the number of rows it changed.
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError>;

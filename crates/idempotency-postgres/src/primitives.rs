@@ -1,7 +1,7 @@
 //! The store's six primitives, written once over a [`Driver`]: what every clone of a store
 //! shares ([`StoreCore`]) and each operation as one of the table's statements.
 
-use crate::driver::{Driver, DriverRow, Param, record_from_row};
+use crate::driver::{Driver, DriverRow, Param, Undo, record_from_row};
 use crate::error::BACKEND;
 use crate::schema::Sql;
 use crate::table::Table;
@@ -43,13 +43,21 @@ impl<D: Driver> StoreCore<D> {
             Param::Uuid(token.as_uuid()),
             Param::Float8(lease.as_secs_f64()),
         ];
+        // If the engine stops waiting (its timeout), the claim may still land: its release
+        // follows it on its own connection, so it runs after the claim, never before.
+        // The release's parameters: scope, key, token.
+        let release_params = [params[0], params[1], params[3]];
+        let undo = Undo {
+            sql: &self.table.statements.release,
+            params: &release_params,
+        };
         // A row inserted by a transaction that committed after this statement's snapshot was
         // taken conflicts with our insert but is invisible to the read half, so the statement
         // returns nothing; the next attempt sees it. Bounded, and rare outside of races.
         for _ in 0..8 {
             let rows = self
                 .driver
-                .query(&self.table.statements.claim, &params)
+                .query_or_undo(&self.table.statements.claim, &params, undo)
                 .await?;
             if let Some(row) = rows.first() {
                 return if row.bool(0)? {

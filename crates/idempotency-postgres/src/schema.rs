@@ -11,7 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 /// One statement of the store: its text, and the types of its parameters (which let it be sent
 /// unnamed, for connection poolers in transaction mode).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Sql {
     pub(crate) text: String,
     types: &'static [Type],

@@ -1,8 +1,8 @@
 //! The tokio-postgres and deadpool driver: the store's pool, its accessors, and the driver
 //! interface the store's primitives and transactions are written over.
 
-use crate::driver::{Driver, DriverError, Param, driver_row};
-use crate::error::{pool_error, query_error, setup_error};
+use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, driver_row};
+use crate::error::{BACKEND, pool_error, query_error, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
 use crate::schema::{Sql, TableMode};
 use crate::session::TokioSession;
@@ -217,6 +217,27 @@ impl Drop for TokioTx {
 
 driver_row!(Row);
 
+/// Sends an [`Undo`] on `client` (unnamed, so it needs nothing prepared on the connection);
+/// a connection that fails it is closed rather than pooled.
+fn send_undo(
+    client: Object,
+    sql: Sql,
+    params: Vec<OwnedParam>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let params: Vec<Param<'_>> = params.iter().map(OwnedParam::as_param).collect();
+        let refs = sql_params(&params);
+        if let Err(error) = sql.execute(&client, &refs[..params.len()], false).await {
+            tracing::warn!(
+                backend = BACKEND,
+                error = %error,
+                "could not release an unanswered claim; it frees when its lease runs out"
+            );
+            drop(Object::take(client));
+        }
+    })
+}
+
 impl TokioDriver {
     /// A pooled connection.
     async fn client(&self) -> Result<Object, DriverError> {
@@ -244,6 +265,27 @@ impl Driver for TokioDriver {
             result => result,
         }
         .map_err(driver_error)
+    }
+
+    async fn query_or_undo(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+        undo: Undo<'_>,
+    ) -> Result<Vec<Row>, DriverError> {
+        let mut pending = UndoOnDrop::new(self.client().await?, undo, send_undo);
+        let refs = sql_params(params);
+        let prepared = self.prepared();
+        let client = pending.connection();
+        let result = match sql.query(client, &refs[..params.len()], prepared).await {
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.query(client, &refs[..params.len()], false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error);
+        pending.answered();
+        result
     }
 
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {

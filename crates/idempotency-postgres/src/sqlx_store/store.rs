@@ -3,7 +3,8 @@
 //! tokio-postgres driver's).
 
 use super::session::{SqlxSession, sqlx_error};
-use crate::driver::{Driver, DriverError, Param, driver_row};
+use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, driver_row};
+use crate::error::BACKEND;
 use crate::error::{PostgresStoreError, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
 use crate::schema::{Sql, TableMode};
@@ -11,6 +12,7 @@ use crate::store::StatementsSql;
 use crate::{MigrationReport, migrate};
 use async_trait::async_trait;
 use idempotency_core::StoreError;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgPool, Postgres, Row};
 use std::fmt;
@@ -143,6 +145,26 @@ fn driver_error(e: sqlx::Error) -> DriverError {
 
 driver_row!(PgRow);
 
+/// Sends an [`Undo`] on `connection`; sqlx first reads what the statement before it answers.
+/// A connection that fails it is closed rather than pooled.
+fn send_undo(
+    mut connection: PoolConnection<Postgres>,
+    sql: Sql,
+    params: Vec<OwnedParam>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let borrowed: Vec<Param<'_>> = params.iter().map(OwnedParam::as_param).collect();
+        if let Err(error) = bound(&sql, &borrowed).execute(&mut *connection).await {
+            tracing::warn!(
+                backend = BACKEND,
+                error = %error,
+                "could not release an unanswered claim; it frees when its lease runs out"
+            );
+            connection.close_on_drop();
+        }
+    })
+}
+
 #[async_trait]
 impl Driver for SqlxDriver {
     type Row = PgRow;
@@ -155,6 +177,22 @@ impl Driver for SqlxDriver {
             .fetch_all(&self.pool)
             .await
             .map_err(driver_error)
+    }
+
+    async fn query_or_undo(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+        undo: Undo<'_>,
+    ) -> Result<Vec<PgRow>, DriverError> {
+        let connection = self.pool.acquire().await.map_err(driver_error)?;
+        let mut pending = UndoOnDrop::new(connection, undo, send_undo);
+        let result = bound(sql, params)
+            .fetch_all(&mut **pending.connection())
+            .await
+            .map_err(driver_error);
+        pending.answered();
+        result
     }
 
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
