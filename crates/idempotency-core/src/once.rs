@@ -108,9 +108,10 @@ pub enum OnceError<E> {
     /// it as not done under another key.
     #[error("the work's commit was not confirmed; retry with the same key to learn the outcome")]
     OutcomeUnknown,
-    /// The work ended its transaction itself, or kept it after returning: whether its writes
-    /// exist is unknown, so nothing was stored and the key stays claimed until its lease ends.
-    /// A bug in the work.
+    /// The work rolled its transaction back itself (nothing was stored and the key was
+    /// released), ended it in a way the store could not tell, or kept it after returning
+    /// (nothing stored, the key claimed until its lease ends). A bug in the work. (A work that
+    /// committed its transaction itself has its value stored after that commit: `Ok`.)
     #[error(
         "the work ended its idempotency transaction itself or kept it after returning; nothing \
          was stored"

@@ -108,8 +108,18 @@ pub enum CommitOutcome {
     /// transaction rolled back, so none of the handler's writes exist.
     LeaseLost,
     /// The transaction the store opened was no longer running: the handler ended it itself
-    /// (a raw `COMMIT` or `ROLLBACK`). Whether its writes exist is unknown; nothing was stored.
+    /// (a raw `COMMIT` or `ROLLBACK`), and the store cannot tell which. Whether its writes
+    /// exist is unknown; nothing was stored.
     EndedByHandler,
+    /// The handler committed the transaction the store opened itself (a raw `COMMIT`): its
+    /// writes up to that `COMMIT` exist (any after it, in a transaction it began, were rolled
+    /// back), and nothing was stored. The engine stores the response outside the transaction,
+    /// so the retry replays instead of running again.
+    CommittedByHandler,
+    /// The handler rolled the transaction the store opened back itself (a raw `ROLLBACK`):
+    /// none of its writes exist, and nothing was stored. The engine releases the key, so the
+    /// retry runs.
+    RolledBackByHandler,
     /// One-transaction mode: another request stored a record for the key first (the unique
     /// index refused ours). The transaction rolled back, so none of the handler's writes exist;
     /// the record is the one that stands, read after the rollback.
@@ -123,8 +133,10 @@ pub enum CommitOutcome {
 #[async_trait::async_trait]
 pub trait StoreTransaction: Send + Sync + 'static {
     /// In this transaction: stores `response` for `retention` if the claim's token still holds
-    /// the claim, then commits. [`CommitOutcome::LeaseLost`] and
-    /// [`CommitOutcome::EndedByHandler`] commit nothing.
+    /// the claim, then commits. [`CommitOutcome::LeaseLost`] and the outcomes of a transaction
+    /// the handler ended itself ([`CommitOutcome::EndedByHandler`],
+    /// [`CommitOutcome::CommittedByHandler`], [`CommitOutcome::RolledBackByHandler`]) store
+    /// nothing.
     ///
     /// An `Err` whose [`is_unreachable`](StoreError::is_unreachable) is true (the connection
     /// dropped, the server stopped) means the outcome is unknown: the `COMMIT` may have

@@ -35,6 +35,9 @@ pub(crate) struct OpenTransaction<D: Driver> {
     scope: Scope,
     key: IdempotencyKey,
     token: LeaseToken,
+    /// The transaction's id, read at `BEGIN`: if the handler ends the transaction itself, the
+    /// server says from it whether it committed.
+    xid: i64,
     /// In the one-transaction mode, what the completion inserts; `None` in the lease mode,
     /// where the claim's record is completed.
     keyed: Option<Keyed>,
@@ -151,14 +154,37 @@ impl<D: Driver> OpenTransaction<D> {
                     Some(row) => row.opt_bool(0)? == Some(true),
                     None => false,
                 };
-                Ok(if still_ours {
-                    CommitOutcome::EndedByHandler
+                if still_ours {
+                    self.ended_by_handler().await
                 } else {
-                    CommitOutcome::LeaseLost
-                })
+                    Ok(CommitOutcome::LeaseLost)
+                }
             }
             Err(error) => Err(commit_error(error)),
         }
+    }
+
+    /// The handler ended the store's transaction itself: how, as the server tells from the
+    /// transaction's id. Committed: its writes (those before its `COMMIT`) exist. Rolled back:
+    /// none exist. Neither said (the id is too old for the server to know): unknown.
+    async fn ended_by_handler(&self) -> Result<CommitOutcome, StoreError> {
+        let rows = self
+            .core
+            .driver
+            .query(
+                &self.core.table.statements.tx_status,
+                &[Param::Int8(self.xid)],
+            )
+            .await?;
+        let (committed, aborted) = match rows.first() {
+            Some(row) => (row.opt_bool(0)?, row.opt_bool(1)?),
+            None => (None, None),
+        };
+        Ok(match (committed, aborted) {
+            (Some(true), _) => CommitOutcome::CommittedByHandler,
+            (_, Some(true)) => CommitOutcome::RolledBackByHandler,
+            _ => CommitOutcome::EndedByHandler,
+        })
     }
 
     /// One-transaction mode: inserts the completed record and commits.
@@ -204,7 +230,7 @@ impl<D: Driver> OpenTransaction<D> {
                     None if error.is(UNIQUE_VIOLATION) => Err(error.into()),
                     // Nothing stands: the check of the transaction failed, so the handler
                     // ended the transaction itself.
-                    None => Ok(CommitOutcome::EndedByHandler),
+                    None => self.ended_by_handler().await,
                 }
             }
             Err(error) => Err(commit_error(error)),
@@ -249,20 +275,22 @@ impl<D: Driver> StoreCore<D> {
             .driver
             .begin_with(&self.table.statements.tx_check, &params)
             .await?;
-        if rows.is_empty() {
+        let Some(row) = rows.first() else {
             tracing::debug!(
                 backend = BACKEND,
                 "the claim was lost before its transaction opened"
             );
             self.driver.rollback(tx).await?;
             return Ok(None);
-        }
+        };
+        let xid = row.int8(1)?;
         Ok(Some(OpenTransaction {
             tx: Some(tx),
             core: Arc::clone(self),
             scope: scope.clone(),
             key: key.clone(),
             token,
+            xid,
             keyed: None,
         }))
     }
@@ -293,17 +321,19 @@ impl<D: Driver> StoreCore<D> {
         let began = row.float8(1)?;
         let live = row.opt_bool(2)?;
         if live == Some(true) {
-            return record_from_row(row, 3).map(Begun::Existing);
+            return record_from_row(row, 4).map(Begun::Existing);
         }
         if !locked {
             return Ok(Begun::Busy);
         }
+        let xid = row.int8(3)?;
         Ok(Begun::Absent(OpenTransaction {
             tx: Some(tx),
             core: Arc::clone(self),
             scope: scope.clone(),
             key: key.clone(),
             token,
+            xid,
             keyed: Some(Keyed {
                 fingerprint: *fingerprint,
                 takeover: live == Some(false),

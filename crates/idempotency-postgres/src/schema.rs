@@ -109,6 +109,8 @@ pub(crate) struct Statements {
     pub(crate) tx_complete: Sql,
     /// After a refused completion: does the token still hold a live claim?
     pub(crate) tx_diagnose: Sql,
+    /// After the handler ended the request's transaction itself: did it commit or roll back?
+    pub(crate) tx_status: Sql,
     /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
     /// without waiting, marks the transaction, reads the live record.
     pub(crate) keyed_begin: Sql,
@@ -168,6 +170,8 @@ pub(crate) const TX_MARK: &str = "idempotency.lease_token";
 /// the one-transaction mode's insert compares with the value read at `BEGIN`. `date_part`, not
 /// `extract`, whose `numeric` arithmetic costs more.
 const BEGAN: &str = "date_part('epoch', now())";
+/// The current transaction's id (assigned if it has none yet), as an `int8`.
+const XID: &str = "pg_current_xact_id()::text::int8";
 
 /// The columns a record is read from, in this order: fingerprint, whether it is in flight, the
 /// time it has left in ms (its lease while in flight, its retention once completed), response
@@ -264,12 +268,14 @@ impl Statements {
                 &[Type::INT8],
             ),
             // Sent right behind `BEGIN`. A row only while `$3` holds a live claim; it marks the
-            // transaction with the token (transaction-local, so it ends with the transaction).
-            // Inside a transaction `now()` is the transaction's start, so leases are compared
-            // with `statement_timestamp()`.
+            // transaction with the token (transaction-local, so it ends with the transaction)
+            // and returns its id (assigned now rather than at its first write, which the
+            // completion makes anyway), so a transaction the handler ends itself can be asked
+            // later whether it committed. Inside a transaction `now()` is the transaction's
+            // start, so leases are compared with `statement_timestamp()`.
             tx_check: Sql::new(
                 format!(
-                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true) FROM {t} \
+                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true), {XID} FROM {t} \
                      WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
                        AND locked_until > statement_timestamp()"
                 ),
@@ -300,6 +306,14 @@ impl Statements {
                 ),
                 FENCED,
             ),
+            // Whether transaction `$1` (read at `BEGIN`) committed, rolled back, or neither
+            // (still running, or too old for the server to say).
+            tx_status: Sql::new(
+                "SELECT s = 'committed', s = 'aborted' \
+                 FROM pg_xact_status($1::int8::text::xid8) AS s"
+                    .to_owned(),
+                &[Type::INT8],
+            ),
             // Sent right behind `BEGIN` (one round trip). The subquery runs once, whatever the
             // join finds: it tries the key's transaction-scoped advisory lock (never waiting:
             // a held lock means a duplicate is running) and reads the transaction's start time,
@@ -310,10 +324,14 @@ impl Statements {
             // is a 64-bit hash of (scope, key) seeded per table; a collision only makes an
             // unrelated request answer 409 once. Columns: lock taken, the transaction's start,
             // whether the key has a row and whether it is live (NULL: no row; false: an expired
-            // row, to be taken over at commit), the record's columns.
+            // row, to be taken over at commit), the transaction's id when the request proceeds
+            // (assigned now rather than at its first write; asked later whether it committed,
+            // if the handler ends the transaction itself), the record's columns.
             keyed_begin: Sql::new(
                 format!(
-                    "SELECT l.locked, l.began, r.expires_at > now(), {RECORD_COLUMNS} \
+                    "SELECT l.locked, l.began, r.expires_at > now(), \
+                       CASE WHEN l.locked AND (r.expires_at > now()) IS NOT TRUE THEN {XID} END, \
+                       {RECORD_COLUMNS} \
                      FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
                                   {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",

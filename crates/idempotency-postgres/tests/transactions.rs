@@ -9,8 +9,8 @@ mod postgres {
     use idempotency_core::http::{HeaderMap, StatusCode};
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
-        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RecordState, RollbackCause, Scope,
-        StoreTransaction, StoredResponse, TransactionError, TransactionSlot,
+        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoreTransaction,
+        StoredResponse, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
@@ -519,31 +519,38 @@ mod postgres {
         f.drop().await;
     }
 
-    /// A handler that ends the transaction itself is caught: nothing is stored, the key stays
-    /// claimed (its writes may or may not exist), and the misuse is reported.
-    async fn a_handler_that_commits_itself_is_caught<S: Driver>() {
-        let f = Fixture::<S>::new(TableMode::Unlogged).await;
-        let engine = f.engine(EngineConfig::default());
-        for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
+    /// What a handler that ends the store's transaction itself leaves, and how a retry is
+    /// answered: the server says from the transaction's id how it ended. A `COMMIT` (also one
+    /// followed by a `BEGIN`) made its writes exist, so the response is stored after them and the
+    /// retry replays; a `ROLLBACK` left none, so the key is free and the retry runs. Before
+    /// issue 26 item 8, every case kept the key claimed for a whole lease and then let the retry
+    /// run again, a second side effect after a `COMMIT`.
+    async fn ended_by_the_handler<S: Driver>(engine: &Engine<S>, f: &Fixture<S>) {
+        for (end, writes_exist) in [
+            ("COMMIT", true),
+            ("ROLLBACK", false),
+            ("COMMIT; BEGIN", true),
+        ] {
             let (s, k) = (scope(), key());
-            let guard = proceed(&engine, &s, &k).await;
+            let guard = proceed(engine, &s, &k).await;
             write_side_effect(&guard, &f.schema).await;
             S::raw(guard.transaction().expect("a transaction"), end).await;
-            assert_eq!(
-                guard.complete(response(201)).await,
-                Completion::TransactionMisused,
-                "{end}"
-            );
-            match f.store.get(&s, &k).await.expect("get") {
-                Some(record) => assert!(
-                    matches!(record.state, RecordState::InFlight { .. }),
-                    "{end}: the claim must be kept"
-                ),
-                None => panic!("{end}: the claim must be kept"),
+            let completion = guard.complete(response(201)).await;
+            if writes_exist {
+                assert_eq!(completion, Completion::Stored, "{end}");
+                match engine.begin(s.clone(), k.clone(), fp()).await {
+                    Ok(Begin::Replay(stored)) => {
+                        assert_eq!(stored.status(), StatusCode::CREATED, "{end}")
+                    }
+                    other => panic!("{end}: the retry must replay, got {other:?}"),
+                }
+                assert_eq!(f.side_effects(&k).await, 1, "{end}");
+            } else {
+                assert_eq!(completion, Completion::TransactionMisused, "{end}");
+                assert_released(engine, &s, &k).await;
+                assert_eq!(f.side_effects(&k).await, 0, "{end}");
             }
         }
-        f.assert_pool_clean().await;
-        f.drop().await;
     }
 
     /// The transaction is only offered while the lease is held, only as the store's type, and not
@@ -611,7 +618,8 @@ mod postgres {
                 a_dropped_guard_rolls_back_and_releases,
                 a_store_error_at_commit_rolls_back_and_releases,
                 a_commit_not_confirmed_in_time_is_an_unknown_outcome,
-                a_handler_that_commits_itself_is_caught,
+                a_handler_that_ends_the_transaction_itself_is_caught,
+                one_transaction_handler_that_ends_the_transaction_is_caught,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
             );
         };
@@ -623,29 +631,23 @@ mod postgres {
         )*};
     }
 
-    /// One-transaction mode: a handler that ends the request's transaction itself is caught by
-    /// the check of the transaction's start at commit; nothing is stored, the key is free (no
-    /// claim exists in this mode), and the misuse is reported.
-    async fn one_transaction_handler_that_ends_the_transaction_is_caught() {
-        let f = Fixture::<PostgresStore>::new(TableMode::Logged).await;
-        let engine = f.engine(
-            EngineConfig::default().with_claim_mode(idempotency_core::ClaimMode::OneTransaction),
-        );
-        for end in ["COMMIT", "ROLLBACK", "COMMIT; BEGIN"] {
-            let (s, k) = (scope(), key());
-            let guard = proceed(&engine, &s, &k).await;
-            write_side_effect(&guard, &f.schema).await;
-            PostgresStore::raw(guard.transaction().expect("a transaction"), end).await;
-            assert_eq!(
-                guard.complete(response(201)).await,
-                Completion::TransactionMisused,
-                "{end}"
-            );
-            assert!(
-                f.store.get(&s, &k).await.expect("get").is_none(),
-                "{end}: nothing stored"
-            );
-        }
+    /// Lease mode: a handler that ends the request's transaction itself is caught by the
+    /// transaction-local mark at commit (see [`ended_by_the_handler`]).
+    async fn a_handler_that_ends_the_transaction_itself_is_caught<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Unlogged).await;
+        let engine = f.engine(EngineConfig::default());
+        ended_by_the_handler(&engine, &f).await;
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// One-transaction mode: the same, caught by the check of the transaction's start at
+    /// commit; after a `COMMIT` the key is recorded outside the transaction first (no claim
+    /// exists in this mode).
+    async fn one_transaction_handler_that_ends_the_transaction_is_caught<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let engine = f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransaction));
+        ended_by_the_handler(&engine, &f).await;
         f.assert_pool_clean().await;
         f.drop().await;
     }
@@ -653,11 +655,6 @@ mod postgres {
     /// On tokio-postgres and deadpool (`PgTransaction`).
     mod tokio_postgres_driver {
         transaction_cases!(idempotency_postgres::PostgresStore);
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn one_transaction_handler_that_ends_the_transaction_is_caught() {
-            super::one_transaction_handler_that_ends_the_transaction_is_caught().await;
-        }
     }
 
     /// On sqlx (`SqlxTransaction`).

@@ -401,7 +401,7 @@ impl Problem {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "transaction-misused",
                 "The request's transaction was ended by its handler",
-                "The handler ended or kept its idempotency transaction itself, so its changes and its response could not be tied together; the key stays claimed until its lease runs out.".into(),
+                "The handler rolled back, ended or kept its idempotency transaction itself, so its changes and its response could not be tied together. Retry with the same Idempotency-Key: a rolled-back request runs again at once; otherwise the key stays claimed until its lease runs out.".into(),
                 "idempotency_transaction_misused",
             ),
             Problem::TransactionUnavailable => (

@@ -33,9 +33,12 @@ pub enum Completion {
     /// response; one that did not runs the request). A client that resubmits under a new key
     /// could create a duplicate.
     OutcomeUnknown,
-    /// The handler ended the request's transaction itself (a raw `COMMIT` or `ROLLBACK`), or
-    /// still held it after returning. Whether its writes exist is unknown, so nothing was
-    /// stored and the claim is kept until its lease runs out. A bug in the handler.
+    /// A bug in the handler: it rolled the request's transaction back itself (a raw
+    /// `ROLLBACK`: none of its writes exist, nothing was stored, and the key was released), or
+    /// ended it in a way the store could not report, or still held it after returning (whether
+    /// its writes exist is unknown, so nothing was stored and the claim is kept until its lease
+    /// runs out). A handler that committed the transaction itself completes as
+    /// [`Completion::Stored`]: its writes exist, and the response is stored after them.
     TransactionMisused,
     /// One-transaction mode: another request with the same key completed first. This
     /// request's transaction rolled back, so none of its writes exist, and the client is

@@ -8,8 +8,8 @@ use super::retry::{Op, retry_until, spawn_release};
 use super::{Judged, Shared, judge};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{
-    CommitOutcome, ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore, StoreTransaction,
-    StoredResponse,
+    ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore,
+    StoreTransaction, StoredResponse,
 };
 use http::StatusCode;
 use std::fmt;
@@ -167,7 +167,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                          the transaction"
                     );
                 }
-                self.commit(tx, &response).await
+                self.commit(tx, response).await
             }
             Taken::Busy => self.transaction_busy(),
             Taken::Unopened | Taken::Closed if self.hold.is_transaction() => {
@@ -200,29 +200,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             // The transaction was the only hold on the key: rolled back, the key is free.
             return self.finish(Completion::Released);
         }
-        let shared = &self.shared;
-        let lease = &self.lease;
-        let completion = match shared
-            .call(
-                Op::Release,
-                shared
-                    .store
-                    .release(lease.scope(), lease.key(), lease.token()),
-            )
-            .await
-        {
-            Ok(FenceOutcome::Applied) => Completion::Released,
-            Ok(FenceOutcome::Stale) => self.lost("the key was not released"),
-            Err(error) => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not release the key; retrying in the background until its lease runs out"
-                );
-                spawn_release(Arc::clone(shared), self.lease.clone(), "failed release");
-                Completion::Deferred
-            }
-        };
+        let completion = self.release_claim().await;
         self.finish(completion)
     }
 
@@ -281,12 +259,12 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     /// Stores the response in the request's transaction and commits both.
-    async fn commit(&self, tx: Box<dyn StoreTransaction>, response: &StoredResponse) -> Completion {
+    async fn commit(&self, tx: Box<dyn StoreTransaction>, response: StoredResponse) -> Completion {
         let shared = &self.shared;
         let committed = shared
             .call(
                 Op::Commit,
-                tx.complete_and_commit(response, shared.config.retention),
+                tx.complete_and_commit(&response, shared.config.retention),
             )
             .await;
         match committed {
@@ -310,6 +288,28 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             Ok(CommitOutcome::LeaseLost) => {
                 self.lost("the transaction was rolled back");
                 Completion::RolledBack(RollbackCause::LeaseLost)
+            }
+            Ok(CommitOutcome::CommittedByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler committed the idempotency transaction itself (a raw COMMIT): its \
+                     writes exist, so the response is stored after them, outside the \
+                     transaction (a crash in between would let a retry run again). Never end \
+                     the request's transaction in the handler"
+                );
+                self.store_after_handler_commit(response).await
+            }
+            Ok(CommitOutcome::RolledBackByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler rolled the idempotency transaction back itself (a raw \
+                     ROLLBACK): none of its writes exist, so nothing is stored and the key is \
+                     released for the retry. Never end the request's transaction in the handler"
+                );
+                if !self.hold.is_transaction() {
+                    self.release_claim().await;
+                }
+                Completion::TransactionMisused
             }
             Ok(CommitOutcome::EndedByHandler) => {
                 tracing::error!(
@@ -353,6 +353,72 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 } else {
                     Completion::RolledBack(RollbackCause::Store)
                 }
+            }
+        }
+    }
+
+    /// Stores the response outside the request's transaction, which the handler committed
+    /// itself. The one-transaction mode holds no record yet: the key is claimed with this
+    /// request's token first.
+    async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
+        let shared = &self.shared;
+        let lease = &self.lease;
+        if let Hold::Transaction(fingerprint) = self.hold {
+            let claimed = shared
+                .call(
+                    Op::Claim,
+                    shared.store.claim(
+                        lease.scope(),
+                        lease.key(),
+                        &fingerprint,
+                        lease.token(),
+                        shared.config.lease,
+                    ),
+                )
+                .await;
+            match claimed {
+                Ok(ClaimOutcome::Claimed) => {}
+                Ok(ClaimOutcome::Existing(_)) => {
+                    return self.lost("another request took the key after the handler's COMMIT");
+                }
+                Err(error) => {
+                    tracing::error!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "could not record the key after the handler's own COMMIT: a retry of \
+                         this request will run it again"
+                    );
+                    return Completion::Stale;
+                }
+            }
+        }
+        self.store(response).await
+    }
+
+    /// Releases the claim (fenced by its token) so a retry runs at once; retried in the
+    /// background until the lease runs out if the store fails.
+    async fn release_claim(&self) -> Completion {
+        let shared = &self.shared;
+        let lease = &self.lease;
+        match shared
+            .call(
+                Op::Release,
+                shared
+                    .store
+                    .release(lease.scope(), lease.key(), lease.token()),
+            )
+            .await
+        {
+            Ok(FenceOutcome::Applied) => Completion::Released,
+            Ok(FenceOutcome::Stale) => self.lost("the key was not released"),
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not release the key; retrying in the background until its lease runs out"
+                );
+                spawn_release(Arc::clone(shared), lease.clone(), "failed release");
+                Completion::Deferred
             }
         }
     }
