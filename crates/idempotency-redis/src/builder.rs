@@ -22,6 +22,36 @@ enum Target {
     Cluster(Vec<String>),
 }
 
+/// How many connections of its own the store opens for writes that wait for replicas
+/// ([`RedisStoreBuilder::wait_for_replicas`]), taken in turn: up to this many such writes wait
+/// at once, each blocking its connection while it waits (more queue behind them), and none
+/// blocks the connection every other call uses.
+const WAITING_CONNECTIONS: usize = 8;
+
+/// A configured client, which opens the store's connections.
+enum Client {
+    Single(redis::Client, ConnectionManagerConfig),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Client {
+    async fn connect(&self) -> Result<Connection, RedisStoreError> {
+        Ok(match self {
+            Client::Single(client, config) => Connection::Single(
+                ConnectionManager::new_with_config(client.clone(), config.clone())
+                    .await
+                    .map_err(RedisStoreError::Connect)?,
+            ),
+            Client::Cluster(client) => Connection::Cluster(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(RedisStoreError::Connect)?,
+            ),
+        })
+    }
+}
+
 /// Builds a [`RedisStore`].
 pub struct RedisStoreBuilder {
     target: Target,
@@ -156,7 +186,7 @@ impl RedisStoreBuilder {
             )));
         }
         let tls = self.tls()?;
-        let connection = match self.target {
+        let client = match self.target {
             Target::Single(url) => {
                 let client = match tls {
                     #[cfg(feature = "tls")]
@@ -177,11 +207,7 @@ impl RedisStoreBuilder {
                     .set_response_timeout(Some(self.response_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
-                Connection::Single(
-                    ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map_err(RedisStoreError::Connect)?,
-                )
+                Client::Single(client, config)
             }
             Target::Cluster(nodes) => {
                 let builder = redis::cluster::ClusterClient::builder(nodes)
@@ -200,15 +226,18 @@ impl RedisStoreBuilder {
                 };
                 #[cfg(not(feature = "tls"))]
                 let _ = tls;
-                let client = builder.build().map_err(RedisStoreError::Connect)?;
-                Connection::Cluster(
-                    client
-                        .get_async_connection()
-                        .await
-                        .map_err(RedisStoreError::Connect)?,
-                )
+                Client::Cluster(builder.build().map_err(RedisStoreError::Connect)?)
             }
         };
+        let connection = client.connect().await?;
+        // Writes that wait for replicas go, with their WAIT, on connections of their own: WAIT
+        // blocks the connection it is sent on until the replicas answer.
+        let mut waiting = Vec::new();
+        if self.replica_wait.is_some() {
+            for _ in 0..WAITING_CONNECTIONS {
+                waiting.push(client.connect().await?);
+            }
+        }
         // One sentinel per master of a cluster, so a master that comes back empty is noticed
         // whichever it is.
         let sentinels = match sentinel::cluster_masters(&connection)
@@ -229,6 +258,8 @@ impl RedisStoreBuilder {
                 evictions: Default::default(),
                 eviction_allowed: self.allow_eviction,
                 replica_wait: self.replica_wait,
+                waiting,
+                next_waiting: Default::default(),
             }),
         };
         // The first store on this prefix plants the sentinel; its later absence means Redis lost

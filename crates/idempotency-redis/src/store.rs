@@ -37,6 +37,11 @@ pub(crate) struct Inner {
     pub(crate) eviction_allowed: bool,
     /// Replicas to wait for after claims and completions.
     pub(crate) replica_wait: Option<ReplicaWait>,
+    /// With `replica_wait`: the connections writes that wait for replicas are sent on, with
+    /// their `WAIT`; empty otherwise.
+    pub(crate) waiting: Vec<Connection>,
+    /// The next of `waiting` to use.
+    pub(crate) next_waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// `WAIT <replicas> <timeout>` after each claim and completion.
@@ -143,44 +148,78 @@ impl RedisStore {
     }
 
     /// With [`RedisStoreBuilder::wait_for_replicas`](crate::RedisStoreBuilder::wait_for_replicas):
-    /// waits until enough replicas of `record`'s master acknowledged the writes so far; an
-    /// error when fewer did within the timeout.
-    async fn await_replicas(&self, record: &str, step: &str) -> Result<(), StoreError> {
-        let Some(wait) = self.inner.replica_wait else {
-            return Ok(());
+    /// runs `invocation` (on `record`) and `WAIT` in one pipeline on one of the store's waiting
+    /// connections. One pipeline, so the `WAIT` counts acknowledgements of this very write: a
+    /// `WAIT` sent apart could go, after a reconnect, on a connection that sent no write and
+    /// succeed at once. A connection of its own, so the `WAIT` (which blocks its connection
+    /// until the replicas answer or its timeout) never holds up other calls. The script's reply,
+    /// and beside it `Err(NotReplicated)` when too few replicas acknowledged (which a script
+    /// that wrote nothing never waits for).
+    async fn invoke_and_wait(
+        &self,
+        wait: ReplicaWait,
+        invocation: &redis::ScriptInvocation<'_>,
+        record: &str,
+        step: &str,
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        if self.inner.needs_check.swap(false, Ordering::Relaxed) {
+            self.check_state().await?;
+        }
+        let waiting = &self.inner.waiting;
+        let next = self.inner.next_waiting.fetch_add(1, Ordering::Relaxed);
+        let Some(connection) = waiting.get(next % waiting.len().max(1)) else {
+            return Err(corrupt("no connection to wait for replicas on"));
         };
-        let mut command = redis::cmd("WAIT");
-        command
+        let mut pipeline = redis::pipe();
+        pipeline
+            .invoke_script(invocation)
+            .cmd("WAIT")
             .arg(wait.replicas)
             .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
-        // On a cluster, WAIT goes to the record's master, where its write went.
-        let acknowledged: i64 = match &self.inner.connection {
-            Connection::Single(c) => command.query_async(&mut c.clone()).await,
-            Connection::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = Route::with_key(record, SlotAddr::Master);
-                c.clone()
-                    .route_command(
-                        command,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await
-                    .and_then(|value| redis::from_redis_value(value).map_err(RedisError::from))
-            }
+        let mut sent = send_pipeline(connection, &pipeline, record).await;
+        if let Err(error) = &sent
+            && error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        {
+            // The server lost its script cache (a restart, a failover): load it, then resend.
+            let loaded = match connection {
+                Connection::Single(c) => invocation.load_async(&mut c.clone()).await,
+                Connection::Cluster(c) => invocation.load_async(&mut c.clone()).await,
+            };
+            sent = match loaded {
+                Ok(_) => send_pipeline(connection, &pipeline, record).await,
+                Err(error) => Err(error),
+            };
         }
-        .map_err(redis_error)?;
+        let mut replies = sent.map_err(|e| self.connection_failed(e))?.into_iter();
+        let (Some(reply), Some(Value::Int(acknowledged))) = (replies.next(), replies.next()) else {
+            return Err(corrupt("unexpected reply to a write and its WAIT"));
+        };
         if acknowledged >= i64::from(wait.replicas) {
-            return Ok(());
+            return Ok((reply, Ok(())));
         }
-        metrics::counter!("idempotency_redis_replica_wait_shortfalls_total").increment(1);
-        Err(StoreError::NotReplicated {
-            backend: BACKEND,
-            source: format!(
-                "the {step} reached {acknowledged} of {} replicas within {:?}",
-                wait.replicas, wait.timeout
-            )
-            .into(),
-        })
+        Ok((
+            reply,
+            Err(StoreError::NotReplicated {
+                backend: BACKEND,
+                source: format!(
+                    "the {step} reached {acknowledged} of {} replicas within {:?}",
+                    wait.replicas, wait.timeout
+                )
+                .into(),
+            }),
+        ))
+    }
+
+    /// A connection's failure as a store error; Redis may come back empty, so the state is
+    /// checked before the next call.
+    fn connection_failed(&self, e: RedisError) -> StoreError {
+        let error = redis_error(e);
+        // A full Redis (OOM) answered: nothing was lost, and the check (a write) would be
+        // refused too.
+        if error.is_retryable() && !matches!(error, StoreError::Full { .. }) {
+            self.inner.needs_check.store(true, Ordering::Relaxed);
+        }
+        error
     }
 
     async fn invoke<T: redis::FromRedisValue>(
@@ -200,17 +239,40 @@ impl RedisStore {
             Connection::Single(c) => on(c.clone(), invocation).await,
             Connection::Cluster(c) => on(c.clone(), invocation).await,
         };
-        result.map_err(|e| {
-            let error = redis_error(e);
-            // A full Redis (OOM) answered: nothing was lost, and the check (a write) would be
-            // refused too.
-            if error.is_retryable() && !matches!(error, StoreError::Full { .. }) {
-                // The connection failed: Redis may come back empty. Check before the next call.
-                self.inner.needs_check.store(true, Ordering::Relaxed);
-            }
-            error
-        })
+        result.map_err(|e| self.connection_failed(e))
     }
+}
+
+/// Sends `pipeline` on `connection`; on a cluster, to the master serving `record`'s slot,
+/// where its write goes.
+async fn send_pipeline(
+    connection: &Connection,
+    pipeline: &redis::Pipeline,
+    record: &str,
+) -> Result<Vec<Value>, RedisError> {
+    let replies: Vec<Value> = match connection {
+        Connection::Single(c) => pipeline.query_async(&mut c.clone()).await?,
+        Connection::Cluster(c) => {
+            use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+            let route = Route::with_key(record, SlotAddr::Master);
+            c.clone()
+                .route_pipeline(
+                    pipeline.clone(),
+                    0,
+                    2,
+                    SingleNodeRoutingInfo::SpecificNode(route),
+                )
+                .await?
+        }
+    };
+    // A command's error can come back as a value among the replies.
+    replies
+        .into_iter()
+        .map(|reply| match reply {
+            Value::ServerError(error) => Err(RedisError::from(error)),
+            reply => Ok(reply),
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -233,13 +295,26 @@ impl IdempotencyStore for RedisStore {
             .arg(&fingerprint.to_bytes()[..])
             .arg(&token.as_bytes()[..])
             .arg(millis(lease));
-        let reply: Vec<Value> = self.invoke(&invocation).await?;
+        let (reply, replicated): (Vec<Value>, _) = match self.inner.replica_wait {
+            None => (self.invoke(&invocation).await?, Ok(())),
+            Some(wait) => {
+                let (reply, replicated) = self
+                    .invoke_and_wait(wait, &invocation, &record, "claim")
+                    .await?;
+                (
+                    redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?,
+                    replicated,
+                )
+            }
+        };
         let mut items = reply.into_iter();
         match items.next() {
             Some(Value::Int(CLAIMED)) => {
-                if let Err(error) = self.await_replicas(&record, "claim").await {
+                if let Err(error) = replicated {
                     // Not on enough replicas: give the key back rather than run the handler on
                     // a claim a failover could forget (best effort; the lease bounds it).
+                    metrics::counter!("idempotency_redis_replica_wait_shortfalls_total")
+                        .increment(1);
                     if let Err(release) = self.release(scope, key, token).await {
                         tracing::debug!(error = %idempotency_core::ErrorChain(&release), "could not release an unacknowledged claim");
                     }
@@ -268,11 +343,23 @@ impl IdempotencyStore for RedisStore {
             .arg(&token.as_bytes()[..])
             .arg(&response.encode()[..])
             .arg(millis(retention));
-        let applied: u64 = self.invoke(&invocation).await?;
+        let (applied, replicated): (u64, _) = match self.inner.replica_wait {
+            None => (self.invoke(&invocation).await?, Ok(())),
+            Some(wait) => {
+                let (reply, replicated) = self
+                    .invoke_and_wait(wait, &invocation, &record, "completion")
+                    .await?;
+                (
+                    redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?,
+                    replicated,
+                )
+            }
+        };
         let outcome = FenceOutcome::from_count(applied);
         if outcome == FenceOutcome::Applied
-            && let Err(error) = self.await_replicas(&record, "completion").await
+            && let Err(error) = replicated
         {
+            metrics::counter!("idempotency_redis_replica_wait_shortfalls_total").increment(1);
             // The response is stored on the master and the handler has run: an error here would
             // only make the engine store it again (the token is gone, so that attempt reads as a
             // lost lease) while the client gets its response anyway. Say it and count it
@@ -280,7 +367,8 @@ impl IdempotencyStore for RedisStore {
             // forgets this completion.
             tracing::warn!(
                 error = %idempotency_core::ErrorChain(&error),
-                "a completion was stored on the master but not acknowledged by the replicas in                  time: a failover now would forget it"
+                "a completion was stored on the master but not acknowledged by the replicas in \
+                 time: a failover now would forget it"
             );
         }
         Ok(outcome)

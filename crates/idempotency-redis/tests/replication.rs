@@ -224,6 +224,51 @@ mod redis_store {
         }
     }
 
+    /// A write waiting for a replica that does not answer holds only a connection of its own:
+    /// the WAIT (which blocks the connection it is sent on until its timeout) went, before issue
+    /// 26 item 9, on the connection every call of the store shares, so a replay of another key
+    /// waited behind it for the whole timeout. Now the other call answers meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_waiting_for_replicas_does_not_hold_up_other_calls() {
+        const WAIT: Duration = Duration::from_millis(1500);
+        let (master, replica) = master_and_replica().await;
+        let store = RedisStore::builder(master.url())
+            .key_prefix("idem-wait-block:")
+            .wait_for_replicas(1, WAIT)
+            .watch_interval(None)
+            .build()
+            .await
+            .expect("build waiting for one replica");
+        let scope = Scope::new("user-1").expect("scope");
+        claim_and_complete(&store, &scope, &key(0)).await;
+        // The replica stops answering: every write now waits the whole timeout.
+        replica.pause().expect("pause the replica");
+        let waiting = tokio::spawn({
+            let (store, scope) = (store.clone(), scope.clone());
+            async move {
+                store
+                    .claim(&scope, &key(1), &fp(), LeaseToken::new(), HOUR)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = tokio::time::Instant::now();
+        let replay = store.get(&scope, &key(0)).await.expect("get");
+        let took = started.elapsed();
+        // The claim is refused once its WAIT times out (the replica is still frozen).
+        let claimed = waiting.await.expect("the claim's task");
+        replica.resume().expect("resume the replica");
+        assert!(replay.is_some(), "the completed record is there");
+        assert!(
+            took < WAIT / 2,
+            "a read waited {took:?} behind another call's WAIT of {WAIT:?}"
+        );
+        match claimed {
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+            Ok(outcome) => panic!("an unreplicated claim must be refused, got {outcome:?}"),
+        }
+    }
+
     /// Waiting for more replicas than a master has, or with a timeout the response timeout
     /// would cut, is refused when the store is built.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
