@@ -250,7 +250,7 @@ impl RedisStoreBuilder {
         let store = RedisStore {
             inner: Arc::new(Inner {
                 connection,
-                sentinels,
+                sentinels: std::sync::Mutex::new(sentinels),
                 prefix: self.prefix,
                 needs_check: AtomicBool::new(false),
                 losses: StateLoss::default(),

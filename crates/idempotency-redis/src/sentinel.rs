@@ -1,7 +1,8 @@
 //! State sentinels: keys without a TTL whose absence means Redis lost its data. One on a single
 //! server; on a cluster, one per master, each named so that its hash slot is one that master
 //! serves, so a master that restarts empty or fails over to a replica that never got the data is
-//! noticed whichever master it is.
+//! noticed whichever master it is. The masters are read again at every check, so a master added
+//! to the cluster later gets its sentinel then.
 
 use crate::store::Connection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

@@ -2,6 +2,7 @@
 
 use crate::error::{BACKEND, corrupt, redis_error};
 use crate::reply::{CLAIMED, COMPLETED, IN_FLIGHT, record_from_reply};
+use crate::sentinel;
 use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
 use async_trait::async_trait;
 use idempotency_core::{
@@ -25,8 +26,9 @@ pub(crate) enum Connection {
 pub(crate) struct Inner {
     pub(crate) connection: Connection,
     pub(crate) prefix: String,
-    /// The state sentinels: one on a single server, one per master of a cluster.
-    pub(crate) sentinels: Vec<String>,
+    /// The state sentinels: one on a single server, one per master of a cluster (masters added
+    /// to the cluster later get theirs at the next check).
+    pub(crate) sentinels: std::sync::Mutex<Vec<String>>,
     pub(crate) needs_check: AtomicBool,
     pub(crate) losses: StateLoss,
     /// `evicted_keys` per node at the last eviction check.
@@ -102,21 +104,58 @@ impl RedisStore {
         name
     }
 
-    /// Sets every sentinel that is missing; returns the ones that were.
-    pub(crate) async fn plant_sentinels(&self) -> Result<Vec<&str>, RedisError> {
+    /// Sets every sentinel that is missing; returns the ones that were. On a cluster, masters
+    /// that serve slots now and did not when the sentinels were chosen (added since) get a
+    /// sentinel first, which is not counted as missing: it is their first.
+    pub(crate) async fn plant_sentinels(&self) -> Result<Vec<String>, RedisError> {
+        if matches!(self.inner.connection, Connection::Cluster(_)) {
+            self.adopt_new_masters().await?;
+        }
+        let known = match self.inner.sentinels.lock() {
+            Ok(known) => known.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
         let mut missing = Vec::new();
-        for sentinel in &self.inner.sentinels {
-            let mut command = redis::cmd("SET");
-            command.arg(sentinel).arg(1).arg("NX");
-            let reply: Option<String> = match &self.inner.connection {
-                Connection::Single(c) => command.query_async(&mut c.clone()).await?,
-                Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
-            };
-            if reply.is_some() {
-                missing.push(sentinel.as_str());
+        for sentinel in known {
+            if self.set_sentinel(&sentinel).await? {
+                missing.push(sentinel);
             }
         }
         Ok(missing)
+    }
+
+    /// Sets `sentinel` if it is missing; whether it was.
+    async fn set_sentinel(&self, sentinel: &str) -> Result<bool, RedisError> {
+        let mut command = redis::cmd("SET");
+        command.arg(sentinel).arg(1).arg("NX");
+        let reply: Option<String> = match &self.inner.connection {
+            Connection::Single(c) => command.query_async(&mut c.clone()).await?,
+            Connection::Cluster(c) => command.query_async(&mut c.clone()).await?,
+        };
+        Ok(reply.is_some())
+    }
+
+    /// Plants a sentinel on every master that has none of the known ones' names in its slots
+    /// (a master added to the cluster since), and remembers it.
+    async fn adopt_new_masters(&self) -> Result<(), RedisError> {
+        let masters = sentinel::cluster_masters(&self.inner.connection).await?;
+        let wanted = sentinel::per_master(&self.inner.prefix, &masters);
+        let known = match self.inner.sentinels.lock() {
+            Ok(known) => known.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        for name in wanted {
+            if known.contains(&name) {
+                continue;
+            }
+            self.set_sentinel(&name).await?;
+            tracing::info!(sentinel = %name, "a master joined the cluster: planted its state sentinel");
+            match self.inner.sentinels.lock() {
+                Ok(mut known) => known.push(name),
+                Err(poisoned) => poisoned.into_inner().push(name),
+            }
+        }
+        Ok(())
     }
 
     /// Checks that Redis still holds what it held: returns `true` (and logs an error and counts

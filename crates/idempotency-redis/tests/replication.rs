@@ -66,6 +66,48 @@ mod redis_store {
         }
     }
 
+    /// A master added to the cluster after the store was built (slots moved to it from the
+    /// others) gets a sentinel at the store's next check, so its loss is noticed too. Before
+    /// issue 26 item 9 the sentinels were chosen once at build: records written to the new
+    /// master were lost with it unnoticed, and their retries ran again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_loss_on_a_master_added_later_is_noticed() {
+        let mut cluster = TempRedisCluster::start()
+            .unwrap_or_else(|e| panic!("could not start a throwaway Redis Cluster: {e}"));
+        let store = RedisStore::cluster_builder(cluster.urls())
+            .key_prefix("idem-added:")
+            .watch_interval(None)
+            .build()
+            .await
+            .expect("build on the cluster");
+        let added = cluster
+            .add_master(2000)
+            .unwrap_or_else(|e| panic!("could not add a master: {e}"));
+        let new_master = cluster.urls()[added].clone();
+        assert_eq!(
+            cluster.keys_per_node().expect("DBSIZE")[added],
+            0,
+            "no sentinel of the first three masters moved to the new one (else its loss would \
+             be noticed without the fix)"
+        );
+        assert!(
+            !store.check_state().await.expect("check"),
+            "a new master is not a loss"
+        );
+        assert_eq!(
+            cluster.keys_per_node().expect("DBSIZE")[added],
+            1,
+            "the new master holds its sentinel"
+        );
+        on_node(&new_master, &["FLUSHALL"]).await;
+        assert!(
+            store.check_state().await.expect("check"),
+            "the loss on the master added later went unnoticed"
+        );
+        assert_eq!(store.state_losses(), 1, "counted once");
+        assert!(!store.check_state().await.expect("check again"));
+    }
+
     /// `INFO replication` of one node.
     async fn replication_info(url: &str) -> String {
         let value = on_node(url, &["INFO", "replication"]).await;

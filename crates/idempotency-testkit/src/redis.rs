@@ -192,6 +192,24 @@ impl Drop for TempRedis {
 }
 
 /// A throwaway Redis Cluster of three masters and no replicas, joined with
+/// Runs `redis-cli` with `args`; an error with its output when it fails.
+fn run_cli(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("redis-cli")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "redis-cli {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
 /// `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct TempRedisCluster {
@@ -212,19 +230,70 @@ impl TempRedisCluster {
     fn start_nodes(count: usize, replicas: usize) -> io::Result<Self> {
         let mut nodes = Vec::new();
         for _ in 0..count {
-            let bus = free_port()?.to_string();
-            nodes.push(TempRedis::start(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "5000",
-                "--cluster-port",
-                &bus,
-            ])?);
+            nodes.push(Self::start_node()?);
         }
         Self::join(nodes, replicas)
+    }
+
+    /// A cluster-enabled server, not yet in a cluster.
+    fn start_node() -> io::Result<TempRedis> {
+        let bus = free_port()?.to_string();
+        TempRedis::start(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "5000",
+            "--cluster-port",
+            &bus,
+        ])
+    }
+
+    /// Adds a master to the cluster and moves `slots` hash slots to it from the others (their
+    /// keys with them, `redis-cli --cluster reshard`); returns its index. Waits until every
+    /// node sees `cluster_state:ok` again.
+    pub fn add_master(&mut self, slots: usize) -> io::Result<usize> {
+        let node = Self::start_node()?;
+        let first = format!("127.0.0.1:{}", self.node(0)?.port());
+        let added = format!("127.0.0.1:{}", node.port());
+        let id = node.cli(&["cluster", "myid"])?.trim().to_owned();
+        run_cli(&["--cluster", "add-node", &added, &first])?;
+        self.nodes.push(node);
+        // The reshard needs every node to know the new one.
+        let count = self.nodes.len();
+        self.wait_until(|info| info.contains(&format!("cluster_known_nodes:{count}")))?;
+        run_cli(&[
+            "--cluster",
+            "reshard",
+            &first,
+            "--cluster-from",
+            "all",
+            "--cluster-to",
+            &id,
+            "--cluster-slots",
+            &slots.to_string(),
+            "--cluster-yes",
+        ])?;
+        self.wait_until(|info| info.contains("cluster_state:ok"))?;
+        Ok(count - 1)
+    }
+
+    /// Waits up to 30 s until `CLUSTER INFO` satisfies `ok` on every node.
+    fn wait_until(&self, ok: impl Fn(&str) -> bool) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            while !ok(&node.cli(&["cluster", "info"])?) {
+                if Instant::now() > deadline {
+                    return Err(io::Error::other(format!(
+                        "node {} never reached the expected CLUSTER INFO",
+                        node.port()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
     }
 
     /// Three cluster-enabled servers that speak TLS only, their bus too (`--tls-cluster yes`),
