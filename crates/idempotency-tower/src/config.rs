@@ -60,7 +60,20 @@ pub(crate) struct Settings {
     pub(crate) render: Option<RenderRefusal>,
     /// The header a replay is marked with.
     pub(crate) replay_header: HeaderName,
+    /// Statuses a framework rejects a request with before its handler runs: a response with
+    /// one of them is stored only when the handler marked it [`Final`](crate::Final).
+    pub(crate) rejection_statuses: Vec<http::StatusCode>,
 }
+
+/// The statuses axum's extractors reject a request with before the handler runs (`Json`,
+/// `Form`, `Query`, `Path`, `Bytes`, body limits): 400, 411, 413, 415, 422.
+pub(crate) const REJECTION_STATUSES: [http::StatusCode; 5] = [
+    http::StatusCode::BAD_REQUEST,
+    http::StatusCode::LENGTH_REQUIRED,
+    http::StatusCode::PAYLOAD_TOO_LARGE,
+    http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    http::StatusCode::UNPROCESSABLE_ENTITY,
+];
 
 impl Settings {
     /// The renderer refusals go through: the configured one, or the profile's.
@@ -97,6 +110,7 @@ impl Default for Settings {
             problem_type_base: DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
             render: None,
             replay_header: idempotency_core::IDEMPOTENT_REPLAYED,
+            rejection_statuses: REJECTION_STATUSES.to_vec(),
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::route::{Outcome, Route};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use idempotency_core::{
     Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
@@ -276,7 +276,10 @@ where
                 let _ = guard.release().await;
                 return Ok(answer(&shared, problem.clone()));
             }
-            if !guard.will_store(parts.status) || opted_out(&parts) {
+            if !guard.will_store(parts.status)
+                || opted_out(&parts)
+                || rejected_before_the_handler(&parts, &shared.settings.rejection_statuses)
+            {
                 // The policy does not keep this status, or the handler said not to: its
                 // transaction rolls back and the key is released, so the retry runs on a clean
                 // slate.
@@ -349,6 +352,21 @@ where
 /// `(Extension(NotStored), ...)` among the response's parts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NotStored;
+
+/// Put in a response's extensions to say that the handler produced it after it began its work,
+/// so the layer stores it even with a status a framework rejects requests with before the
+/// handler runs (400, 411, 413, 415, 422 by default; see
+/// [`rejection_statuses`](crate::IdempotencyLayerBuilder::rejection_statuses)). For a handler
+/// that changed something and then answers one of those: its retry must replay, not run again.
+/// In axum, return `(Extension(Final), StatusCode::UNPROCESSABLE_ENTITY, ...)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Final;
+
+/// Whether the response has a status a framework answers with before the handler runs, and the
+/// handler did not mark it [`Final`].
+fn rejected_before_the_handler(parts: &http::response::Parts, statuses: &[StatusCode]) -> bool {
+    statuses.contains(&parts.status) && parts.extensions.get::<Final>().is_none()
+}
 
 /// Whether the handler asked for its response not to be stored.
 fn opted_out(parts: &http::response::Parts) -> bool {

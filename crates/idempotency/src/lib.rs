@@ -44,9 +44,9 @@ use std::sync::Arc;
 
 pub use idempotency_core::*;
 pub use idempotency_tower::{
-    IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, NotStored,
-    Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet, problem_json,
-    stripe_error,
+    Final, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
+    NotStored, Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet,
+    problem_json, stripe_error,
 };
 #[cfg(feature = "axum")]
 pub use idempotency_tower::{Tx, TxRejection};

@@ -4,7 +4,7 @@
 use super::IdempotencyLayerBuilder;
 use crate::refusal::Profile;
 use http::request::Parts;
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, StatusCode};
 use idempotency_core::{BodyCanonicalization, ClaimMode, KeyFormat, ReplayPolicy};
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,6 +144,20 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// handler again.
     pub fn max_stored_response_body(mut self, bytes: usize) -> Self {
         self.settings.max_stored_body = bytes;
+        self
+    }
+
+    /// The statuses a framework rejects a request with before its handler runs (default: 400,
+    /// 411, 413, 415 and 422, what axum's extractors answer a missing `Content-Type`, malformed
+    /// JSON or an oversized body with). A response with one of them is not stored, and its key is
+    /// released (its transaction rolled back), unless the handler marked it
+    /// [`Final`](crate::Final): a rejection produced before the handler ran must not answer the
+    /// corrected retry for a day. As Stripe: a result is saved only once the endpoint began
+    /// executing. A handler's own 400 or 422 without `Final` is not stored either, which costs
+    /// nothing when it changed nothing (a validation error: the retry validates again); mark
+    /// it `Final` when it did. Pass an empty list to store them all, as before.
+    pub fn rejection_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.settings.rejection_statuses = statuses.into_iter().collect();
         self
     }
 
