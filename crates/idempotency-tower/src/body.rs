@@ -102,6 +102,7 @@ impl Body for RequestBody {
 
 /// The bytes of request bodies the layer may hold at once, across every request it serves: a
 /// thousand stalled uploads would otherwise pin a thousand times the body limit.
+#[derive(Clone)]
 pub(crate) struct BodyBudget(Option<std::sync::Arc<tokio::sync::Semaphore>>);
 
 impl std::fmt::Debug for BodyBudget {

@@ -79,6 +79,76 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     }
 }
 
+/// Per-route variants: layers that share one engine (its store, claim mode, lease, background
+/// work and drain), the scope source and the body budget, each with its own request settings.
+impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
+    /// This layer with another fingerprint for the routes it is put on (say, one route whose
+    /// bodies carry a field that changes on every retry), sharing this layer's engine and drain:
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idempotency_core::FingerprintSpec;
+    /// use idempotency_tower::IdempotencyLayer;
+    /// # async fn create() {}
+    /// # async fn charge() {}
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default())
+    ///     .unscoped()
+    ///     .build();
+    /// let charges = layer.with_fingerprint(FingerprintSpec::new().ignore_json("/sent_at")?);
+    /// let app: Router = Router::new()
+    ///     .route("/tasks", post(create).route_layer(layer.clone()))
+    ///     .route("/charges", post(charge).route_layer(charges));
+    /// // One drain awaits the requests of both routes.
+    /// let _drain = layer.drain();
+    /// # Ok(()) }
+    /// ```
+    pub fn with_fingerprint(&self, spec: idempotency_core::FingerprintSpec) -> Self {
+        self.variant(|settings| settings.fingerprint = spec)
+    }
+
+    /// This layer taking the key from `key` instead of the header (see
+    /// [`IdempotencyLayerBuilder::key_with`]), sharing this layer's engine and drain.
+    pub fn with_key(&self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.variant(|settings| settings.key_with = Some(Arc::new(key)))
+    }
+
+    /// This layer storing the statuses `policy` stores instead of the engine's policy,
+    /// sharing this layer's engine and drain.
+    pub fn with_replay_policy(&self, policy: idempotency_core::ReplayPolicy) -> Self {
+        self.variant(|settings| settings.replay_policy = Some(policy))
+    }
+
+    /// This layer with other
+    /// [`rejection_statuses`](IdempotencyLayerBuilder::rejection_statuses), sharing this
+    /// layer's engine and drain.
+    pub fn with_rejection_statuses(
+        &self,
+        statuses: impl IntoIterator<Item = http::StatusCode>,
+    ) -> Self {
+        let statuses: Vec<_> = statuses.into_iter().collect();
+        self.variant(|settings| settings.rejection_statuses = statuses)
+    }
+
+    /// A layer on the same engine, scope source and body budget with `change` made to a copy
+    /// of the settings. Its per-route counters are its own.
+    fn variant(&self, change: impl FnOnce(&mut Settings)) -> Self {
+        let shared = &self.shared;
+        let mut settings = shared.settings.clone();
+        change(&mut settings);
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                engine: shared.engine.clone(),
+                scope: shared.scope.clone(),
+                render: Arc::clone(&shared.render),
+                bodies: shared.bodies.clone(),
+                settings,
+                routes: Default::default(),
+            }),
+        }
+    }
+}
+
 impl<Inner, S> Layer<Inner> for IdempotencyLayer<S> {
     type Service = IdempotencyService<Inner, S>;
 

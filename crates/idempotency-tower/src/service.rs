@@ -276,7 +276,11 @@ where
                 let _ = guard.release().await;
                 return Ok(answer(&shared, problem.clone()));
             }
-            if !guard.will_store(parts.status)
+            let policy = match &shared.settings.replay_policy {
+                Some(policy) => policy,
+                None => &shared.engine.config().replay_policy,
+            };
+            if !policy.replays(parts.status)
                 || opted_out(&parts)
                 || rejected_before_the_handler(&parts, &shared.settings.rejection_statuses)
             {
@@ -306,7 +310,7 @@ where
                     ));
                 }
             };
-            let answer = match guard.complete(stored).await {
+            let answer = match guard.complete_with(policy, stored).await {
                 Completion::RolledBack(RollbackCause::LeaseLost) => Problem::InFlight {
                     retry_after: RETRY_AFTER,
                 },

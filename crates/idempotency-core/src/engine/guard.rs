@@ -9,7 +9,7 @@ use super::{Judged, Shared, judge};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{
     ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore,
-    StoreTransaction, StoredResponse,
+    ReplayPolicy, StoreTransaction, StoredResponse,
 };
 use http::StatusCode;
 use std::fmt;
@@ -138,7 +138,19 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// side effect may stand: if storing fails, the claim is kept and storing is retried in the
     /// background until the lease runs out ([`Completion::Deferred`]).
     pub async fn complete(self, response: StoredResponse) -> Completion {
-        if !self.will_store(response.status()) {
+        let policy = self.shared.config.replay_policy.clone();
+        self.complete_with(&policy, response).await
+    }
+
+    /// [`Guard::complete`] under `policy` instead of the engine's: for callers that serve
+    /// several routes from one engine, each with its own policy (the tower layer's per-route
+    /// variants).
+    pub async fn complete_with(
+        self,
+        policy: &ReplayPolicy,
+        response: StoredResponse,
+    ) -> Completion {
+        if !policy.replays(response.status()) {
             return self.release().await;
         }
         self.store_outcome(response, true).await
