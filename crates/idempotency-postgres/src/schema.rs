@@ -193,8 +193,16 @@ impl Statements {
         }
     }
 
-    pub(crate) fn new(name: &TableName) -> Self {
+    pub(crate) fn new(name: &TableName, mode: TableMode) -> Self {
         let t = name.qualified();
+        // `LoggedAsyncCommit`: the store's connections commit asynchronously (a claim that
+        // stands alone), but a request's transaction holds the handler's writes and its stored
+        // response, so it commits synchronously: a client is never answered for writes a crash
+        // can take back. Its durable commit flushes the WAL before it, the claim's included.
+        let synchronous = match mode {
+            TableMode::LoggedAsyncCommit => ", set_config('synchronous_commit', 'on', true)",
+            TableMode::Logged | TableMode::Unlogged => "",
+        };
         Statements {
             // One round trip. A live row visible to this statement is returned as it is, and
             // the insert is not attempted, so replays and in-flight duplicates only read (no
@@ -275,7 +283,8 @@ impl Statements {
             // start, so leases are compared with `statement_timestamp()`.
             tx_check: Sql::new(
                 format!(
-                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true), {XID} FROM {t} \
+                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true), {XID}{synchronous} \
+                     FROM {t} \
                      WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
                        AND locked_until > statement_timestamp()"
                 ),
@@ -331,7 +340,7 @@ impl Statements {
                 format!(
                     "SELECT l.locked, l.began, r.expires_at > now(), \
                        CASE WHEN l.locked AND (r.expires_at > now()) IS NOT TRUE THEN {XID} END, \
-                       {RECORD_COLUMNS} \
+                       {RECORD_COLUMNS}{synchronous} \
                      FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
                                   {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",

@@ -42,7 +42,7 @@ impl TableSettings {
         validate_schedule(&self.purge_schedule)?;
         Ok(Table {
             watch: Arc::new(StateWatch::new(&name)),
-            statements: Statements::new(&name),
+            statements: Statements::new(&name, self.mode),
             name,
             mode: self.mode,
             mode_chosen: self.mode_chosen,

@@ -620,6 +620,7 @@ mod postgres {
                 a_commit_not_confirmed_in_time_is_an_unknown_outcome,
                 a_handler_that_ends_the_transaction_itself_is_caught,
                 one_transaction_handler_that_ends_the_transaction_is_caught,
+                the_request_s_transaction_commits_synchronously_with_asynchronous_claims,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
             );
         };
@@ -629,6 +630,50 @@ mod postgres {
                 super::$case::<$store>().await;
             }
         )*};
+    }
+
+    /// `LoggedAsyncCommit`: the store's connections commit asynchronously (a claim that stands
+    /// alone), but the request's transaction, which holds the handler's writes and the stored
+    /// response, commits synchronously, in both claim modes. Before, the handler's writes
+    /// committed asynchronously too: a crash could take back writes a client was answered for.
+    async fn the_request_s_transaction_commits_synchronously_with_asynchronous_claims<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::LoggedAsyncCommit).await;
+        assert_eq!(
+            f.store
+                .count(
+                    "SELECT count(*) WHERE current_setting('synchronous_commit') = $1",
+                    "off"
+                )
+                .await,
+            1,
+            "the store's connections commit asynchronously"
+        );
+        for mode in [ClaimMode::Lease, ClaimMode::OneTransaction] {
+            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            S::write(
+                guard.transaction().expect("a transaction"),
+                &format!(
+                    "INSERT INTO \"{}\".side_effects (key) \
+                     SELECT $1 || ':' || current_setting('synchronous_commit')",
+                    f.schema
+                ),
+                k.as_str(),
+            )
+            .await;
+            assert_eq!(guard.complete(response(201)).await, Completion::Stored);
+            let synchronous =
+                IdempotencyKey::parse(format!("{}:on", k.as_str()).as_bytes(), KeyFormat::opaque())
+                    .expect("key");
+            assert_eq!(
+                f.side_effects(&synchronous).await,
+                1,
+                "{mode:?}: the request's transaction ran with synchronous_commit = on"
+            );
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
     }
 
     /// Lease mode: a handler that ends the request's transaction itself is caught by the

@@ -21,9 +21,13 @@ pub enum TableMode {
     /// returned, and is on the standbys.
     #[default]
     Logged,
-    /// An ordinary table written with `synchronous_commit = off` on the store's connections:
-    /// commits return before their WAL is flushed, so a crash can lose the last few hundred
-    /// milliseconds of records, but nothing older; replicated to standbys.
+    /// An ordinary table written with `synchronous_commit = off` on the store's connections, for
+    /// the lease mode: a claim that stands alone commits without waiting for its WAL flush, so
+    /// a crash can take back the last few hundred milliseconds of claims (their keys are then
+    /// free, with nothing written under them), but nothing older. A request's transaction (the
+    /// handler's writes and the stored response) turns `synchronous_commit` back on for itself,
+    /// so what a client was answered for survives a crash, as with `Logged`. Replicated to
+    /// standbys.
     LoggedAsyncCommit,
 }
 
