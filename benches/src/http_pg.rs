@@ -43,7 +43,7 @@ pub enum PgVariant {
 
 impl PgVariant {
     /// Every variant the comparison runs, the reference (bare transaction) first.
-    pub const ALL: [PgVariant; 7] = [
+    pub const ALL: [PgVariant; 8] = [
         PgVariant::BareTransaction,
         PgVariant::BareAutocommit,
         PgVariant::HandWritten,
@@ -54,6 +54,10 @@ impl PgVariant {
         PgVariant::Layer {
             mode: ClaimMode::Lease,
             table: TableMode::Logged,
+        },
+        PgVariant::Layer {
+            mode: ClaimMode::Lease,
+            table: TableMode::LoggedAsyncCommit,
         },
         PgVariant::Layer {
             mode: ClaimMode::OneTransaction,
@@ -83,6 +87,10 @@ impl PgVariant {
                 table: TableMode::Logged,
                 ..
             } => "lease-logged",
+            PgVariant::Layer {
+                table: TableMode::LoggedAsyncCommit,
+                ..
+            } => "lease-logged-async-commit",
             PgVariant::Layer { .. } => "lease-unlogged",
         }
     }

@@ -165,7 +165,7 @@ pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, S
     let store = PostgresStore::builder(url)
         .schema(SCHEMA)
         .table(match table {
-            TableMode::Logged => "keys_logged",
+            TableMode::Logged | TableMode::LoggedAsyncCommit => "keys_logged",
             _ => "keys_unlogged",
         })
         .table_mode(table)
