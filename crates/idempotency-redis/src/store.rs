@@ -249,6 +249,24 @@ impl RedisStore {
         ))
     }
 
+    /// Runs a script that writes `record` (`step`: the claim, the completion): with
+    /// `wait_for_replicas`, with its `WAIT` ([`RedisStore::invoke_and_wait`]); otherwise on the
+    /// shared connection, replicated enough by definition. Its reply, and whether enough
+    /// replicas acknowledged it.
+    async fn write<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        record: &str,
+        step: &str,
+    ) -> Result<(T, Result<(), StoreError>), StoreError> {
+        let Some(wait) = self.inner.replica_wait else {
+            return Ok((self.invoke(invocation).await?, Ok(())));
+        };
+        let (reply, replicated) = self.invoke_and_wait(wait, invocation, record, step).await?;
+        let reply = redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
+        Ok((reply, replicated))
+    }
+
     /// A connection's failure as a store error; Redis may come back empty, so the state is
     /// checked before the next call.
     fn connection_failed(&self, e: RedisError) -> StoreError {
@@ -334,18 +352,8 @@ impl IdempotencyStore for RedisStore {
             .arg(&fingerprint.to_bytes()[..])
             .arg(&token.as_bytes()[..])
             .arg(millis(lease));
-        let (reply, replicated): (Vec<Value>, _) = match self.inner.replica_wait {
-            None => (self.invoke(&invocation).await?, Ok(())),
-            Some(wait) => {
-                let (reply, replicated) = self
-                    .invoke_and_wait(wait, &invocation, &record, "claim")
-                    .await?;
-                (
-                    redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?,
-                    replicated,
-                )
-            }
-        };
+        let (reply, replicated): (Vec<Value>, _) =
+            self.write(&invocation, &record, "claim").await?;
         let mut items = reply.into_iter();
         match items.next() {
             Some(Value::Int(CLAIMED)) => {
@@ -382,18 +390,8 @@ impl IdempotencyStore for RedisStore {
             .arg(&token.as_bytes()[..])
             .arg(&response.encode()[..])
             .arg(millis(retention));
-        let (applied, replicated): (u64, _) = match self.inner.replica_wait {
-            None => (self.invoke(&invocation).await?, Ok(())),
-            Some(wait) => {
-                let (reply, replicated) = self
-                    .invoke_and_wait(wait, &invocation, &record, "completion")
-                    .await?;
-                (
-                    redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?,
-                    replicated,
-                )
-            }
-        };
+        let (applied, replicated): (u64, _) =
+            self.write(&invocation, &record, "completion").await?;
         let outcome = FenceOutcome::from_count(applied);
         if outcome == FenceOutcome::Applied
             && let Err(error) = replicated

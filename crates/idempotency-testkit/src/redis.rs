@@ -192,6 +192,20 @@ impl Drop for TempRedis {
 }
 
 /// A throwaway Redis Cluster of three masters and no replicas, joined with
+/// The `redis-server` arguments of a cluster node whose bus listens on `bus`.
+fn cluster_args(bus: &str) -> [&str; 8] {
+    [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "5000",
+        "--cluster-port",
+        bus,
+    ]
+}
+
 /// Runs `redis-cli` with `args`; an error with its output when it fails.
 fn run_cli(args: &[&str]) -> io::Result<()> {
     let out = Command::new("redis-cli")
@@ -238,16 +252,7 @@ impl TempRedisCluster {
     /// A cluster-enabled server, not yet in a cluster.
     fn start_node() -> io::Result<TempRedis> {
         let bus = free_port()?.to_string();
-        TempRedis::start(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "5000",
-            "--cluster-port",
-            &bus,
-        ])
+        TempRedis::start(&cluster_args(&bus))
     }
 
     /// Adds a master to the cluster and moves `slots` hash slots to it from the others (their
@@ -305,18 +310,7 @@ impl TempRedisCluster {
             nodes.push(TempRedis::start_tls_with(
                 cert,
                 ca_root,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--cluster-port",
-                    &bus,
-                    "--tls-cluster",
-                    "yes",
-                ],
+                &[&cluster_args(&bus)[..], &["--tls-cluster", "yes"]].concat(),
             )?);
         }
         Self::join(nodes, 0)

@@ -217,7 +217,10 @@ impl Driver for SqlxDriver {
         Ok((tx, rows))
     }
 
-    /// Two round trips: sqlx sends `COMMIT` on its own.
+    /// Two round trips: sqlx sends `COMMIT` on its own. The `COMMIT` runs in a task of its own,
+    /// so a caller that stops waiting (the engine's timeout) never drops sqlx's commit future
+    /// halfway, which could leave its connection out of the pool; the commit then ends on the
+    /// server's time and the connection goes back.
     async fn commit_with(
         &self,
         mut tx: Self::Tx,
@@ -225,7 +228,16 @@ impl Driver for SqlxDriver {
         params: &[Param<'_>],
     ) -> (Result<Vec<PgRow>, DriverError>, Result<(), DriverError>) {
         match bound(sql, params).fetch_all(&mut *tx).await {
-            Ok(rows) => (Ok(rows), tx.commit().await.map_err(driver_error)),
+            Ok(rows) => {
+                let committed = match tokio::spawn(tx.commit()).await {
+                    Ok(committed) => committed.map_err(driver_error),
+                    Err(join) => Err(DriverError {
+                        sqlstate: None,
+                        error: StoreError::from_failure(BACKEND, true, join),
+                    }),
+                };
+                (Ok(rows), committed)
+            }
             Err(error) => {
                 if let Err(rollback) = tx.rollback().await {
                     // The connection is gone, and its transaction with it.
