@@ -138,8 +138,10 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// side effect may stand: if storing fails, the claim is kept and storing is retried in the
     /// background until the lease runs out ([`Completion::Deferred`]).
     pub async fn complete(self, response: StoredResponse) -> Completion {
-        let policy = self.shared.config.replay_policy.clone();
-        self.complete_with(&policy, response).await
+        if !self.will_store(response.status()) {
+            return self.release().await;
+        }
+        self.store_outcome(response, true).await
     }
 
     /// [`Guard::complete`] under `policy` instead of the engine's: for callers that serve
