@@ -365,8 +365,13 @@ impl Raw {
                 .map_err(err)?;
             return Ok(Some(Raw::Redis {
                 connection,
-                claim: redis::Script::new(idempotency::redis::scripts::CLAIM),
-                complete: redis::Script::new(idempotency::redis::scripts::COMPLETE),
+                // The store's own scripts, read from its crate.
+                claim: redis::Script::new(include_str!(
+                    "../../crates/idempotency-redis/lua/claim.lua"
+                )),
+                complete: redis::Script::new(include_str!(
+                    "../../crates/idempotency-redis/lua/complete.lua"
+                )),
                 prefix: prefix.clone(),
             }));
         }

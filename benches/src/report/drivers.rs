@@ -138,7 +138,7 @@ async fn open(servers: &Servers) -> Result<Stores, String> {
         .build()
         .await
         .map_err(err)?;
-    let raw = idempotency::postgres::connect_raw(url).await.map_err(err)?;
+    let raw = idempotency_postgres::connect_raw(url).await.map_err(err)?;
     let claim = raw.prepare(tokio.statements().claim).await.map_err(err)?;
     let complete = raw
         .prepare(tokio.statements().complete)

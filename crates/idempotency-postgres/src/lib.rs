@@ -66,7 +66,9 @@ pub use migrate::{MigrationReport, PurgeJob};
 pub use schema::TableMode;
 pub use status::{PurgeStatus, RecordTimes, StoreStatus};
 pub use store::{PostgresStore, StatementsSql};
-pub use tls::{SslMode, connect_raw};
+pub use tls::SslMode;
+#[cfg(feature = "raw-connection")]
+pub use tls::connect_raw;
 pub use transaction::PgTransaction;
 pub use {deadpool_postgres, tokio_postgres};
 

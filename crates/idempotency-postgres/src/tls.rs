@@ -243,8 +243,9 @@ impl TlsSettings {
 }
 
 /// One plain tokio-postgres connection to `url`, with the store's reading of the URL (TLS per
-/// `sslmode` and `sslrootcert`): for tools and benchmarks that send SQL without the store. Its
-/// connection task is spawned on the current Tokio runtime.
+/// `sslmode` and `sslrootcert`): for tools and benchmarks that send SQL without the store
+/// (feature `raw-connection`). Its connection task is spawned on the current Tokio runtime.
+#[cfg(feature = "raw-connection")]
 pub async fn connect_raw(url: &str) -> Result<tokio_postgres::Client, PostgresStoreError> {
     use std::str::FromStr;
     let (rest, settings) = split(url)?;

@@ -67,19 +67,19 @@ pub use store::RedisStore;
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "idempotency:";
 
-/// The Lua source of each store step (for review, and for the benchmark that runs the same
-/// scripts without the library).
-pub mod scripts {
+/// The Lua source of each store step (`lua/`; the benchmark that runs the same scripts
+/// without the library reads those files).
+pub(crate) mod scripts {
     /// Claim: `KEYS[1]` record; `ARGV` fingerprint, token, lease ms.
-    pub const CLAIM: &str = include_str!("../lua/claim.lua");
+    pub(crate) const CLAIM: &str = include_str!("../lua/claim.lua");
     /// Complete: `KEYS[1]` record; `ARGV` token, response bytes, retention ms.
-    pub const COMPLETE: &str = include_str!("../lua/complete.lua");
+    pub(crate) const COMPLETE: &str = include_str!("../lua/complete.lua");
     /// Extend: `KEYS[1]` record; `ARGV` token, lease ms.
-    pub const EXTEND: &str = include_str!("../lua/extend.lua");
+    pub(crate) const EXTEND: &str = include_str!("../lua/extend.lua");
     /// Release: `KEYS[1]` record; `ARGV` token.
-    pub const RELEASE: &str = include_str!("../lua/release.lua");
+    pub(crate) const RELEASE: &str = include_str!("../lua/release.lua");
     /// Get: `KEYS[1]` record.
-    pub const GET: &str = include_str!("../lua/get.lua");
+    pub(crate) const GET: &str = include_str!("../lua/get.lua");
 }
 
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::CLAIM));
