@@ -2,7 +2,8 @@
 
 use crate::DEFAULT_PREFIX;
 use crate::error::RedisStoreError;
-use crate::store::{Connection, Inner, RedisStore, ReplicaWait};
+use crate::connection::Connection;
+use crate::store::{Inner, RedisStore, ReplicaWait};
 use crate::{eviction, sentinel};
 use idempotency_core::StateLoss;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};

@@ -7,7 +7,8 @@
 //! which managed services such as ElastiCache disable), from every master of a cluster.
 
 use crate::error::{BACKEND, redis_error};
-use crate::store::{Connection, Inner, RedisStore};
+use crate::connection::Connection;
+use crate::store::{Inner, RedisStore};
 use idempotency_core::StoreError;
 use redis::{RedisError, Value};
 use std::collections::HashMap;

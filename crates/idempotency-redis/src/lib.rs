@@ -48,6 +48,7 @@
 //! `reply.rs` (the scripts' replies), `error.rs`, and the scripts in `lua/`.
 
 mod builder;
+mod connection;
 mod error;
 mod eviction;
 mod reply;

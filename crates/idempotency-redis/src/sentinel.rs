@@ -4,7 +4,7 @@
 //! noticed whichever master it is. The masters are read again at every check, so a master added
 //! to the cluster later gets its sentinel then.
 
-use crate::store::Connection;
+use crate::connection::Connection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisError, Value};
 

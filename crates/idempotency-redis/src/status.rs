@@ -2,7 +2,8 @@
 
 use crate::error::redis_error;
 use crate::eviction;
-use crate::store::{Connection, RedisStore};
+use crate::connection::Connection;
+use crate::store::RedisStore;
 use idempotency_core::StoreError;
 use std::fmt;
 

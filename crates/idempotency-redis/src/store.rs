@@ -1,5 +1,6 @@
 //! The store: its connection, key names, loss detection and the six primitives.
 
+use crate::connection::Connection;
 use crate::error::{BACKEND, corrupt, redis_error};
 use crate::reply::{CLAIMED, COMPLETED, IN_FLIGHT, record_from_reply};
 use crate::sentinel;
@@ -9,19 +10,12 @@ use idempotency_core::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
     Scope, StateLoss, StoreError, StoredResponse,
 };
-use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
+use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-#[derive(Clone)]
-pub(crate) enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
 
 pub(crate) struct Inner {
     pub(crate) connection: Connection,
