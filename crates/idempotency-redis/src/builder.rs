@@ -1,8 +1,8 @@
 //! Building a store: one server or a cluster, its prefix and timeouts.
 
 use crate::DEFAULT_PREFIX;
-use crate::error::RedisStoreError;
 use crate::connection::Connection;
+use crate::error::RedisStoreError;
 use crate::store::{Inner, RedisStore, ReplicaWait};
 use crate::{eviction, sentinel};
 use idempotency_core::StateLoss;

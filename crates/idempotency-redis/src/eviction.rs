@@ -6,8 +6,8 @@
 //! state sentinel has not, so the loss check cannot see it. Both read `INFO` (not `CONFIG`,
 //! which managed services such as ElastiCache disable), from every master of a cluster.
 
-use crate::error::{BACKEND, redis_error};
 use crate::connection::Connection;
+use crate::error::{BACKEND, redis_error};
 use crate::store::{Inner, RedisStore};
 use idempotency_core::StoreError;
 use redis::{RedisError, Value};

@@ -1,8 +1,8 @@
 //! What the server looks like: persistence and eviction, for `idempotency check` and operators.
 
+use crate::connection::Connection;
 use crate::error::redis_error;
 use crate::eviction;
-use crate::connection::Connection;
 use crate::store::RedisStore;
 use idempotency_core::StoreError;
 use std::fmt;
