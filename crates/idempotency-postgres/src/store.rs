@@ -239,6 +239,25 @@ fn send_undo(
 }
 
 impl TokioDriver {
+    /// Runs `sql` on `client`.
+    async fn query_on(
+        &self,
+        client: &Object,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, DriverError> {
+        let refs = sql_params(params);
+        let prepared = self.prepared();
+        match sql.query(client, &refs[..params.len()], prepared).await {
+            // The statement never ran: send it again, unnamed.
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.query(client, &refs[..params.len()], false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)
+    }
+
     /// A pooled connection.
     async fn client(&self) -> Result<Object, DriverError> {
         self.pool.get().await.map_err(|e| DriverError {
@@ -255,16 +274,7 @@ impl Driver for TokioDriver {
 
     async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Row>, DriverError> {
         let client = self.client().await?;
-        let refs = sql_params(params);
-        let prepared = self.prepared();
-        match sql.query(&client, &refs[..params.len()], prepared).await {
-            // The statement never ran: send it again, unnamed.
-            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
-                sql.query(&client, &refs[..params.len()], false).await
-            }
-            result => result,
-        }
-        .map_err(driver_error)
+        self.query_on(&client, sql, params).await
     }
 
     async fn query_or_undo(
@@ -274,16 +284,7 @@ impl Driver for TokioDriver {
         undo: Undo<'_>,
     ) -> Result<Vec<Row>, DriverError> {
         let mut pending = UndoOnDrop::new(self.client().await?, undo, send_undo);
-        let refs = sql_params(params);
-        let prepared = self.prepared();
-        let client = pending.connection();
-        let result = match sql.query(client, &refs[..params.len()], prepared).await {
-            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
-                sql.query(client, &refs[..params.len()], false).await
-            }
-            result => result,
-        }
-        .map_err(driver_error);
+        let result = self.query_on(pending.connection(), sql, params).await;
         pending.answered();
         result
     }

@@ -63,9 +63,9 @@ pub(crate) struct Settings {
     /// Statuses a framework rejects a request with before its handler runs: a response with
     /// one of them is stored only when the handler marked it [`Final`](crate::Final).
     pub(crate) rejection_statuses: Vec<http::StatusCode>,
-    /// This layer's replay policy, when it is a per-route variant with its own; `None`: the
-    /// engine's.
-    pub(crate) replay_policy: Option<idempotency_core::ReplayPolicy>,
+    /// Which statuses are stored: the engine's policy, set by `build()`, or a per-route
+    /// variant's own.
+    pub(crate) replay_policy: idempotency_core::ReplayPolicy,
 }
 
 /// The statuses axum's extractors reject a request with before the handler runs (`Json`,
@@ -114,7 +114,7 @@ impl Default for Settings {
             render: None,
             replay_header: idempotency_core::IDEMPOTENT_REPLAYED,
             rejection_statuses: REJECTION_STATUSES.to_vec(),
-            replay_policy: None,
+            replay_policy: idempotency_core::ReplayPolicy::standard(),
         }
     }
 }

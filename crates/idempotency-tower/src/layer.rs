@@ -116,7 +116,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// This layer storing the statuses `policy` stores instead of the engine's policy,
     /// sharing this layer's engine and drain.
     pub fn with_replay_policy(&self, policy: idempotency_core::ReplayPolicy) -> Self {
-        self.variant(|settings| settings.replay_policy = Some(policy))
+        self.variant(|settings| settings.replay_policy = policy)
     }
 
     /// This layer with other
@@ -281,6 +281,8 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
                  PostgreSQL store with transactions on); every covered request will be answered 503"
             );
         }
+        // The layer decides what is stored; per-route variants may replace it.
+        self.settings.replay_policy = self.engine.replay_policy.clone();
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: Engine::new(self.store, self.engine),

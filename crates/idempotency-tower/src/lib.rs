@@ -36,7 +36,8 @@
 //! | handler panics | 500 problem+json, key released |
 //! | handler (or its response body) slower than its lease | the heartbeat extends the lease until the response is stored; retries get 409 |
 //! | storing the response fails | the response goes out; the key stays claimed and the response is stored in the background |
-//! | the request's transaction does not commit | 503 problem+json (409 if its lease was taken over); retried with the same key, it runs again, or replays if the commit happened after all |
+//! | the request's transaction does not commit | 503 `not-committed` (none of its writes exist; the retry runs), or 409 if its lease was taken over |
+//! | the request's `COMMIT` is not confirmed (a timeout, a lost connection) | 503 `outcome-unknown`: retried with the same key, it replays if the commit happened, runs if not |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
 //!
 //! Refusals are RFC 9457 problem+json by default; [`Profile::Stripe`] writes Stripe's error

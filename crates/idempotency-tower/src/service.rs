@@ -276,10 +276,7 @@ where
                 let _ = guard.release().await;
                 return Ok(answer(&shared, problem.clone()));
             }
-            let policy = match &shared.settings.replay_policy {
-                Some(policy) => policy,
-                None => &shared.engine.config().replay_policy,
-            };
+            let policy = &shared.settings.replay_policy;
             if !policy.replays(parts.status)
                 || opted_out(&parts)
                 || rejected_before_the_handler(&parts, &shared.settings.rejection_statuses)
