@@ -1,7 +1,6 @@
 //! Errors of the Postgres store's setup, and their mapping to the core `StoreError`.
 
 use idempotency_core::StoreError;
-use tokio_postgres::error::SqlState;
 
 pub(crate) const BACKEND: &str = "postgres";
 
@@ -10,6 +9,7 @@ pub(crate) const BACKEND: &str = "postgres";
 #[non_exhaustive]
 pub enum PostgresStoreError {
     /// The database URL could not be parsed.
+    #[cfg(feature = "tokio-postgres")]
     #[error("invalid PostgreSQL URL: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),
     /// The TLS settings of the URL are invalid or cannot be honoured (a bad `sslmode`, an
@@ -30,13 +30,16 @@ pub enum PostgresStoreError {
     #[error("invalid pg_cron schedule {0:?}: use cron syntax such as \"0 * * * *\"")]
     InvalidPurgeSchedule(String),
     /// The connection pool could not be built.
+    #[cfg(feature = "tokio-postgres")]
     #[error("could not build the connection pool")]
     BuildPool(#[source] deadpool_postgres::BuildError),
     /// No connection could be taken from the pool (the server is down, refuses us, or the pool is
     /// exhausted).
+    #[cfg(feature = "tokio-postgres")]
     #[error("could not get a PostgreSQL connection")]
     Pool(#[source] deadpool_postgres::PoolError),
     /// A statement failed.
+    #[cfg(feature = "tokio-postgres")]
     #[error("PostgreSQL statement failed")]
     Query(#[source] tokio_postgres::Error),
     /// A statement failed, or no connection could be taken from the sqlx pool (the sqlx
@@ -44,6 +47,9 @@ pub enum PostgresStoreError {
     #[cfg(feature = "sqlx")]
     #[error("PostgreSQL statement failed (sqlx)")]
     Sqlx(#[source] sqlx::Error),
+    /// The server answered a setup or status query with something the store cannot read.
+    #[error("unexpected answer from PostgreSQL: {0}")]
+    UnexpectedAnswer(String),
     /// The server is a hot standby or read replica.
     #[error(
         "the PostgreSQL server is a read-only standby (in recovery) or in read-only mode; \
@@ -80,18 +86,6 @@ pub enum PostgresStoreError {
     },
 }
 
-impl From<deadpool_postgres::PoolError> for PostgresStoreError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        PostgresStoreError::Pool(e)
-    }
-}
-
-impl From<tokio_postgres::Error> for PostgresStoreError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        PostgresStoreError::Query(e)
-    }
-}
-
 #[cfg(feature = "sqlx")]
 impl From<sqlx::Error> for PostgresStoreError {
     fn from(e: sqlx::Error) -> Self {
@@ -104,42 +98,22 @@ impl From<sqlx::Error> for PostgresStoreError {
 /// intervention (shutdown, crash, cannot connect now), 40 transaction rollback (serialization,
 /// deadlock), 25006 read-only transaction (failover in progress).
 pub(crate) fn is_transient_sqlstate(code: &str) -> bool {
-    matches!(code.get(..2), Some("08" | "53" | "57" | "40"))
-        || code == SqlState::READ_ONLY_SQL_TRANSACTION.code()
+    matches!(code.get(..2), Some("08" | "53" | "57" | "40")) || code == READ_ONLY_SQL_TRANSACTION
 }
 
-/// Whether a statement error means "the server cannot answer now" (retryable).
-fn is_transient(e: &tokio_postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    match e.code() {
-        // No SQLSTATE: an I/O or protocol error on the connection.
-        None => true,
-        Some(code) => is_transient_sqlstate(code.code()),
-    }
-}
-
-pub(crate) fn query_error(e: tokio_postgres::Error) -> StoreError {
-    StoreError::from_failure(BACKEND, is_transient(&e), e)
-}
+/// SQLSTATE 25006: a write in a read-only transaction.
+const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 
 /// A setup statement's error (the sentinel check) as a store error, retryable as the
 /// underlying driver error is.
 pub(crate) fn setup_error(e: PostgresStoreError) -> StoreError {
     match e {
-        PostgresStoreError::Query(e) => query_error(e),
-        PostgresStoreError::Pool(e) => pool_error(e),
+        #[cfg(feature = "tokio-postgres")]
+        PostgresStoreError::Query(e) => crate::tokio_store::query_error(e),
+        #[cfg(feature = "tokio-postgres")]
+        PostgresStoreError::Pool(e) => crate::tokio_store::pool_error(e),
         #[cfg(feature = "sqlx")]
         PostgresStoreError::Sqlx(e) => crate::sqlx_store::sqlx_error(e),
         other => StoreError::from_failure(BACKEND, false, other),
-    }
-}
-
-pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
-    use deadpool_postgres::PoolError;
-    match e {
-        PoolError::Backend(e) => query_error(e),
-        other => StoreError::from_failure(BACKEND, true, other),
     }
 }

@@ -1,5 +1,5 @@
 //! Migrations: the numbered SQL files of `migrations/`, applied by one loop under an advisory
-//! lock, and what [`PostgresStore::migrate`](crate::PostgresStore::migrate) reports.
+//! lock, and what `PostgresStore::migrate` reports.
 
 use crate::error::PostgresStoreError;
 use crate::schema::{self, TableMode, TableName};
@@ -79,7 +79,7 @@ pub(crate) fn render_all(name: &TableName, mode: TableMode, purge_schedule: &str
     out
 }
 
-/// What [`PostgresStore::migrate`](crate::PostgresStore::migrate) did.
+/// What `PostgresStore::migrate` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MigrationReport {

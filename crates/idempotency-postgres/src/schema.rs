@@ -5,93 +5,52 @@ mod names;
 pub use names::TableMode;
 pub(crate) use names::{TableName, fill_placeholders, sentinel_sql};
 
-use deadpool_postgres::ClientWrapper as Client;
-use tokio_postgres::Row;
-use tokio_postgres::types::{ToSql, Type};
-
 /// One statement of the store: its text, and the types of its parameters (which let it be sent
 /// unnamed, for connection poolers in transaction mode).
 #[derive(Clone, Debug)]
 pub(crate) struct Sql {
     pub(crate) text: String,
-    types: &'static [Type],
+    /// Read by the tokio-postgres driver, which sends statements unnamed behind a pooler; sqlx
+    /// binds typed values and needs no list.
+    #[cfg_attr(not(feature = "tokio-postgres"), expect(dead_code))]
+    pub(crate) types: &'static [ParamType],
 }
 
 impl Sql {
-    fn new(text: String, types: &'static [Type]) -> Self {
+    fn new(text: String, types: &'static [ParamType]) -> Self {
         Sql { text, types }
     }
-
-    /// Makes the statement ready to send on `client`: prepared there once and cached
-    /// (`prepared`), or to be sent unnamed with its parameter types, which survives a pooler that
-    /// moves the session to another server connection between transactions.
-    pub(crate) async fn ready(
-        &self,
-        client: &Client,
-        prepared: bool,
-    ) -> Result<Ready<'_>, tokio_postgres::Error> {
-        Ok(if prepared {
-            Ready::Prepared(client.prepare_cached(&self.text).await?)
-        } else {
-            Ready::Unnamed(self)
-        })
-    }
-
-    /// Runs the statement in one round trip (after a one-time prepare per connection).
-    pub(crate) async fn query(
-        &self,
-        client: &Client,
-        params: &[&(dyn ToSql + Sync)],
-        prepared: bool,
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        self.ready(client, prepared)
-            .await?
-            .query(client, params)
-            .await
-    }
-
-    /// Like [`Sql::query`], returning the number of rows changed.
-    pub(crate) async fn execute(
-        &self,
-        client: &Client,
-        params: &[&(dyn ToSql + Sync)],
-        prepared: bool,
-    ) -> Result<u64, tokio_postgres::Error> {
-        match self.ready(client, prepared).await? {
-            Ready::Prepared(statement) => client.execute(&statement, params).await,
-            Ready::Unnamed(sql) => client.execute_typed(&sql.text, &sql.typed(params)).await,
-        }
-    }
-
-    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
-        params
-            .iter()
-            .copied()
-            .zip(self.types.iter().cloned())
-            .collect()
-    }
 }
 
-/// A statement ready to send: its whole request goes out when the future of
-/// [`Ready::query`] is first polled, so futures polled in order (`tokio::join!`) are pipelined
-/// in that order, one round trip for all of them.
-pub(crate) enum Ready<'a> {
-    Prepared(tokio_postgres::Statement),
-    Unnamed(&'a Sql),
+/// The type of a statement parameter, as the server is told it when a statement is sent unnamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ParamType {
+    Text,
+    Bytea,
+    Uuid,
+    Int4,
+    Int8,
+    Float8,
 }
 
-impl Ready<'_> {
-    /// Sends the statement with `params` and reads its rows.
-    pub(crate) async fn query(
-        &self,
-        client: &Client,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match self {
-            Ready::Prepared(statement) => client.query(statement, params).await,
-            Ready::Unnamed(sql) => client.query_typed(&sql.text, &sql.typed(params)).await,
-        }
-    }
+/// The SQL text of each store step; parameters are documented on each field.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct StatementsSql<'a> {
+    /// `$1` scope, `$2` key, `$3` fingerprint bytes, `$4` token (uuid), `$5` lease seconds
+    /// (float8).
+    pub claim: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` status (int4), `$5` response bytes, `$6` retention
+    /// seconds (float8).
+    pub complete: &'a str,
+    /// `$1` scope, `$2` key, `$3` token, `$4` lease seconds (float8).
+    pub extend: &'a str,
+    /// `$1` scope, `$2` key, `$3` token.
+    pub release: &'a str,
+    /// `$1` scope, `$2` key.
+    pub get: &'a str,
+    /// `$1` batch size (int8).
+    pub purge: &'a str,
 }
 
 /// The SQL of every store operation, rendered once per store.
@@ -122,32 +81,37 @@ pub(crate) struct Statements {
     pub(crate) keyed_takeover: Sql,
 }
 
-const KEY: &[Type] = &[Type::TEXT, Type::TEXT];
-const FENCED: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID];
-const CLAIM: &[Type] = &[
-    Type::TEXT,
-    Type::TEXT,
-    Type::BYTEA,
-    Type::UUID,
-    Type::FLOAT8,
+const KEY: &[ParamType] = &[ParamType::Text, ParamType::Text];
+const FENCED: &[ParamType] = &[ParamType::Text, ParamType::Text, ParamType::Uuid];
+const CLAIM: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Bytea,
+    ParamType::Uuid,
+    ParamType::Float8,
 ];
-const COMPLETE: &[Type] = &[
-    Type::TEXT,
-    Type::TEXT,
-    Type::UUID,
-    Type::INT4,
-    Type::BYTEA,
-    Type::FLOAT8,
+const COMPLETE: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Uuid,
+    ParamType::Int4,
+    ParamType::Bytea,
+    ParamType::Float8,
 ];
-const EXTEND: &[Type] = &[Type::TEXT, Type::TEXT, Type::UUID, Type::FLOAT8];
-const KEYED_INSERT: &[Type] = &[
-    Type::TEXT,
-    Type::TEXT,
-    Type::BYTEA,
-    Type::FLOAT8,
-    Type::INT4,
-    Type::BYTEA,
-    Type::FLOAT8,
+const EXTEND: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Uuid,
+    ParamType::Float8,
+];
+const KEYED_INSERT: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Bytea,
+    ParamType::Float8,
+    ParamType::Int4,
+    ParamType::Bytea,
+    ParamType::Float8,
 ];
 
 /// The seed of the one-transaction mode's advisory lock ids for the table `name`, so two tables
@@ -182,8 +146,8 @@ const RECORD_COLUMNS: &str = "request_hash, lease_token IS NOT NULL, \
 
 impl Statements {
     /// The text of the six store steps, for callers.
-    pub(crate) fn sql(&self) -> crate::StatementsSql<'_> {
-        crate::StatementsSql {
+    pub(crate) fn sql(&self) -> StatementsSql<'_> {
+        StatementsSql {
             claim: &self.claim.text,
             complete: &self.complete.text,
             extend: &self.extend.text,
@@ -273,7 +237,7 @@ impl Statements {
                        SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1)) \
                      AND expires_at <= now()"
                 ),
-                &[Type::INT8],
+                &[ParamType::Int8],
             ),
             // Sent right behind `BEGIN`. A row only while `$3` holds a live claim; it marks the
             // transaction with the token (transaction-local, so it ends with the transaction)
@@ -321,7 +285,7 @@ impl Statements {
                 "SELECT s = 'committed', s = 'aborted' \
                  FROM pg_xact_status($1::int8::text::xid8) AS s"
                     .to_owned(),
-                &[Type::INT8],
+                &[ParamType::Int8],
             ),
             // Sent right behind `BEGIN` (one round trip). The subquery runs once, whatever the
             // join finds: it tries the key's transaction-scoped advisory lock (never waiting:

@@ -1,12 +1,11 @@
 //! The few statements the store's setup runs (migrations, the writer check, the state
 //! sentinel), over either driver. Setup is not on the hot path: its statements take and return
-//! text, so one small trait covers tokio-postgres and sqlx, and the policy that uses them is
-//! written once.
+//! text, so one small trait covers both drivers (`tokio_store/session.rs`, `sqlx_store/session.rs`),
+//! and the policy that uses them is written once.
 
 use crate::error::PostgresStoreError;
 use crate::schema::TableMode;
 use async_trait::async_trait;
-use tokio_postgres::types::Type;
 
 /// A connection (or a transaction on one) that runs setup statements.
 #[async_trait]
@@ -38,37 +37,6 @@ pub(crate) trait SetupSession: Send {
     /// The first column of the first row read as a boolean (`true` / `false`).
     async fn flag(&mut self, sql: &str, params: &[&str]) -> Result<bool, PostgresStoreError> {
         Ok(self.first(sql, params).await?.as_deref() == Some("true"))
-    }
-}
-
-/// A tokio-postgres client or transaction as a [`SetupSession`]. Statements are sent unnamed
-/// with their parameter types, so setup works behind a transaction-mode pooler too.
-pub(crate) struct TokioSession<'a, C>(pub(crate) &'a C);
-
-#[async_trait]
-impl<C: tokio_postgres::GenericClient + Sync> SetupSession for TokioSession<'_, C> {
-    async fn batch(&mut self, sql: &str) -> Result<(), PostgresStoreError> {
-        Ok(self.0.batch_execute(sql).await?)
-    }
-
-    async fn rows(
-        &mut self,
-        sql: &str,
-        params: &[&str],
-    ) -> Result<Vec<Vec<Option<String>>>, PostgresStoreError> {
-        let typed: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = params
-            .iter()
-            .map(|p| (p as &(dyn tokio_postgres::types::ToSql + Sync), Type::TEXT))
-            .collect();
-        let rows = self.0.query_typed(sql, &typed).await?;
-        rows.iter()
-            .map(|row| {
-                (0..row.len())
-                    .map(|i| row.try_get::<_, Option<String>>(i))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<_, _>>()
-            .map_err(PostgresStoreError::from)
     }
 }
 

@@ -3,10 +3,12 @@
 
 use crate::error::PostgresStoreError;
 use crate::migrate::MIGRATIONS;
-use crate::store::PostgresStore;
+use crate::session::SetupSession;
+use crate::table::Table;
+use idempotency_core::{IdempotencyKey, Scope};
 use std::fmt;
 
-/// The state of the store's table and its surroundings, read by [`PostgresStore::status`].
+/// The state of the store's table and its surroundings, read by `status()` on either store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStatus {
@@ -145,119 +147,120 @@ impl fmt::Display for StoreStatus {
     }
 }
 
-impl PostgresStore {
-    /// Reads the state of the table, its migrations and its pg_cron purge job (from `cron.job`,
-    /// so a job someone unscheduled or changed shows). Reads only.
-    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
-        let name = &self.inner.table.name;
-        let client = self.inner.driver.pool.get().await?;
-        let row = client
-            .query_typed_one(
-                "SELECT version(), current_database(), \
-                   (SELECT c.relpersistence::text FROM pg_class c \
-                      JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     WHERE n.nspname = $1 AND c.relname = $2), \
-                   to_regclass($3) IS NOT NULL, \
-                   EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron')",
-                &[
-                    (&name.schema, tokio_postgres::types::Type::TEXT),
-                    (&name.table, tokio_postgres::types::Type::TEXT),
-                    (&name.migrations_table(), tokio_postgres::types::Type::TEXT),
-                ],
-            )
-            .await?;
-        let persistence = row.get::<_, Option<String>>(2).map(|p| match p.as_str() {
-            "u" => "UNLOGGED",
-            _ => "LOGGED",
-        });
-        let history: bool = row.get(3);
-        let pg_cron: bool = row.get(4);
-        let applied: Vec<i32> = if history {
-            client
-                .query_typed(
-                    &format!(
-                        "SELECT version FROM {} ORDER BY version",
-                        name.migrations_table()
-                    ),
-                    &[],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let pending = MIGRATIONS
-            .iter()
-            .filter(|m| m.version == 1 || pg_cron)
-            .filter(|m| !applied.contains(&m.version))
-            .map(|m| m.name)
-            .collect();
-        let job_name = name.purge_job_name();
-        let purge = if pg_cron {
-            let job = client
-                .query_typed_opt(
-                    "SELECT schedule, active FROM cron.job WHERE jobname = $1",
-                    &[(&job_name, tokio_postgres::types::Type::TEXT)],
-                )
-                .await?;
-            match job {
-                Some(job) => PurgeStatus::Scheduled {
-                    job_name,
-                    schedule: job.get(0),
-                    active: job.get(1),
-                },
-                None => PurgeStatus::Missing { job_name },
-            }
-        } else {
-            PurgeStatus::PgCronNotInstalled
-        };
-        Ok(StoreStatus {
-            server_version: row.get(0),
-            database: row.get(1),
-            table: name.qualified(),
-            persistence,
-            expected_persistence: self.inner.table.mode.persistence_name(),
-            persistence_chosen: self.inner.table.mode_chosen,
-            applied,
-            pending,
-            purge,
-            expected_schedule: self.inner.table.purge_schedule.clone(),
-        })
+/// Reads the state of `table`, its migrations and its pg_cron purge job (from `cron.job`, so a
+/// job someone unscheduled or changed shows). Reads only; every column comes back as text.
+pub(crate) async fn read_status(
+    session: &mut dyn SetupSession,
+    table: &Table,
+) -> Result<StoreStatus, PostgresStoreError> {
+    let name = &table.name;
+    let migrations_table = name.migrations_table();
+    let rows = session
+        .rows(
+            "SELECT version(), current_database(), \
+               (SELECT c.relpersistence::text FROM pg_class c \
+                  JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2), \
+               (to_regclass($3) IS NOT NULL)::text, \
+               EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron')::text",
+            &[&name.schema, &name.table, &migrations_table].map(String::as_str),
+        )
+        .await?;
+    let row = rows.into_iter().next().unwrap_or_default();
+    let text = |i: usize| row.get(i).cloned().flatten();
+    let persistence = text(2).map(|p| match p.as_str() {
+        "u" => "UNLOGGED",
+        _ => "LOGGED",
+    });
+    let history = text(3).as_deref() == Some("true");
+    let pg_cron = text(4).as_deref() == Some("true");
+    let mut applied = Vec::new();
+    if history {
+        let sql = format!("SELECT version::text FROM {migrations_table} ORDER BY version");
+        for version in session.rows(&sql, &[]).await? {
+            let version = version.into_iter().next().flatten().unwrap_or_default();
+            applied.push(version.parse::<i32>().map_err(|_| {
+                PostgresStoreError::UnexpectedAnswer(format!(
+                    "{migrations_table} holds the version {version:?}, not a number"
+                ))
+            })?);
+        }
     }
+    let pending = MIGRATIONS
+        .iter()
+        .filter(|m| m.version == 1 || pg_cron)
+        .filter(|m| !applied.contains(&m.version))
+        .map(|m| m.name)
+        .collect();
+    let job_name = name.purge_job_name();
+    let purge = if pg_cron {
+        let job = session
+            .rows(
+                "SELECT schedule, active::text FROM cron.job WHERE jobname = $1",
+                &[job_name.as_str()],
+            )
+            .await?
+            .into_iter()
+            .next();
+        match job {
+            Some(job) => PurgeStatus::Scheduled {
+                job_name,
+                schedule: job.first().cloned().flatten().unwrap_or_default(),
+                active: job.get(1).cloned().flatten().as_deref() == Some("true"),
+            },
+            None => PurgeStatus::Missing { job_name },
+        }
+    } else {
+        PurgeStatus::PgCronNotInstalled
+    };
+    Ok(StoreStatus {
+        server_version: text(0).unwrap_or_default(),
+        database: text(1).unwrap_or_default(),
+        table: name.qualified(),
+        persistence,
+        expected_persistence: table.mode.persistence_name(),
+        persistence_chosen: table.mode_chosen,
+        applied,
+        pending,
+        purge,
+        expected_schedule: table.purge_schedule.clone(),
+    })
 }
 
-impl PostgresStore {
-    /// When the live record of `(scope, key)` was created and how long until it expires (its
-    /// lease while in flight, its retention once completed); `None` when it is absent. For
-    /// operators (`idempotency inspect`).
-    pub async fn record_times(
-        &self,
-        scope: &idempotency_core::Scope,
-        key: &idempotency_core::IdempotencyKey,
-    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
-        use tokio_postgres::types::Type;
-        let client = self.inner.driver.pool.get().await?;
-        let row = client
-            .query_typed_opt(
-                &format!(
-                    "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
-                            (extract(epoch FROM expires_at - now()) * 1000)::bigint \
-                     FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
-                    self.inner.table.name.qualified()
-                ),
-                &[(&scope.as_str(), Type::TEXT), (&key.as_str(), Type::TEXT)],
-            )
-            .await?;
-        Ok(row.map(|row| RecordTimes {
-            created_at: row.get(0),
-            expires_in: std::time::Duration::from_millis(row.get::<_, i64>(1).max(0) as u64),
-        }))
-    }
+/// When the live record of `(scope, key)` in `table` was created and how long until it expires
+/// (its lease while in flight, its retention once completed); `None` when it is absent.
+pub(crate) async fn read_record_times(
+    session: &mut dyn SetupSession,
+    table: &Table,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Result<Option<RecordTimes>, PostgresStoreError> {
+    let sql = format!(
+        "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), \
+                ((extract(epoch FROM expires_at - now()) * 1000)::bigint)::text \
+         FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+        table.name.qualified()
+    );
+    let Some(row) = session
+        .rows(&sql, &[scope.as_str(), key.as_str()])
+        .await?
+        .into_iter()
+        .next()
+    else {
+        return Ok(None);
+    };
+    let column = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let millis = column(1);
+    let millis: i64 = millis.parse().map_err(|_| {
+        PostgresStoreError::UnexpectedAnswer(format!("expires in {millis:?} ms is not a number"))
+    })?;
+    Ok(Some(RecordTimes {
+        created_at: column(0),
+        expires_in: std::time::Duration::from_millis(millis.max(0) as u64),
+    }))
 }
 
-/// When a record was made and when it goes (see [`PostgresStore::record_times`]).
+/// When a record was made and when it goes (`record_times()` on either store).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordTimes {

@@ -105,6 +105,60 @@ mod postgres {
         schema.drop().await;
     }
 
+    /// `status()` and `record_times()` read the same through either flavour (one code over both
+    /// drivers): a missing table, a migrated one, a completed record and an absent one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_flavours_read_the_same_status_and_record_times() {
+        let schema = TestSchema::new("idem_sqlxst");
+        let url = schema.url();
+        let sqlx = SqlxPostgresStore::builder(pool(url).await)
+            .schema(schema.name())
+            .build()
+            .await
+            .expect("build");
+        let tokio = PostgresStore::builder(url)
+            .schema(schema.name())
+            .pool_size(1)
+            .build()
+            .await
+            .expect("build");
+        let missing = sqlx.status().await.expect("status");
+        assert_eq!(missing.persistence, None);
+        assert!(missing.applied.is_empty());
+        assert_eq!(missing, tokio.status().await.expect("status"));
+
+        sqlx.migrate().await.expect("migrate");
+        let migrated = sqlx.status().await.expect("status");
+        assert_eq!(migrated.persistence, Some("LOGGED"));
+        assert!(
+            !migrated.applied.is_empty() && migrated.pending.is_empty(),
+            "{migrated}"
+        );
+        assert!(migrated.problems().is_empty(), "{:?}", migrated.problems());
+        assert_eq!(migrated, tokio.status().await.expect("status"));
+
+        let scope = Scope::new("user-1").expect("scope");
+        complete_records(&sqlx, &scope, 1).await;
+        let times = sqlx.record_times(&scope, &key(0)).await.expect("read");
+        let times = times.expect("the completed record");
+        assert!(times.created_at.ends_with('Z'), "{}", times.created_at);
+        assert!(
+            times.expires_in <= HOUR && times.expires_in > HOUR - Duration::from_secs(60),
+            "{:?}",
+            times.expires_in
+        );
+        let by_tokio = tokio.record_times(&scope, &key(0)).await.expect("read");
+        assert_eq!(
+            by_tokio.map(|t| t.created_at),
+            Some(times.created_at.clone())
+        );
+        assert_eq!(
+            sqlx.record_times(&scope, &key(1)).await.expect("read"),
+            None
+        );
+        schema.drop().await;
+    }
+
     /// LOGGED with asynchronous commit needs `synchronous_commit = off` on the pool's
     /// connections: a pool without it is refused, with the setting to add.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

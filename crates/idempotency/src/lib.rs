@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `memory` (default) | the in-process store, and the local replay tier |
 //! | `postgres` | the PostgreSQL store on tokio-postgres and deadpool-postgres |
-//! | `sqlx` | the PostgreSQL store on your `sqlx::PgPool` (implies `postgres`) |
+//! | `sqlx` | the PostgreSQL store on your `sqlx::PgPool` (without tokio-postgres and deadpool) |
 //! | `postgres-tls` | TLS for PostgreSQL (rustls; `sslmode` in the URL) |
 //! | `redis` | the Redis store (single node and Cluster) |
 //! | `redis-tls` | TLS for Redis (rustls; `rediss://`) |
@@ -53,8 +53,10 @@ pub use idempotency_tower::{Tx, TxRejection};
 
 #[cfg(feature = "memory")]
 pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, ReplayTier};
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+pub use idempotency_postgres::{self as postgres, TableMode};
 #[cfg(feature = "postgres")]
-pub use idempotency_postgres::{self as postgres, PgTransaction, PostgresStore, TableMode};
+pub use idempotency_postgres::{PgTransaction, PostgresStore};
 #[cfg(feature = "sqlx")]
 pub use idempotency_postgres::{SqlxPostgresStore, SqlxTransaction};
 #[cfg(feature = "redis")]

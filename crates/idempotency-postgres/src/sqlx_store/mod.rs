@@ -1,5 +1,5 @@
 //! The sqlx flavour of the store (feature `sqlx`): the same table, the same SQL text, the same
-//! migrations, writer check and lost-state sentinel as [`PostgresStore`](crate::PostgresStore),
+//! migrations, writer check and lost-state sentinel as `PostgresStore`,
 //! on the application's own [`sqlx::PgPool`], and a handler's writes committed with its stored
 //! response in one [`sqlx::Transaction`] ([`SqlxTransaction`]).
 //!

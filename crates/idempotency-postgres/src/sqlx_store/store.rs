@@ -7,11 +7,12 @@ use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, dr
 use crate::error::BACKEND;
 use crate::error::{PostgresStoreError, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
+use crate::schema::StatementsSql;
 use crate::schema::{Sql, TableMode};
-use crate::store::StatementsSql;
+use crate::status::{self, RecordTimes, StoreStatus};
 use crate::{MigrationReport, migrate};
 use async_trait::async_trait;
-use idempotency_core::StoreError;
+use idempotency_core::{IdempotencyKey, Scope, StoreError};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgPool, Postgres, Row};
@@ -28,7 +29,7 @@ pub(crate) type SqlxInner = StoreCore<SqlxDriver>;
 
 /// The PostgreSQL store on an application's [`sqlx::PgPool`] (feature `sqlx`): the table,
 /// SQL, migrations, writer check and lost-state sentinel of
-/// [`PostgresStore`](crate::PostgresStore), on sqlx instead of tokio-postgres and deadpool.
+/// `PostgresStore`, on sqlx instead of tokio-postgres and deadpool.
 /// Cheap to clone; clones share the pool.
 ///
 /// ```no_run
@@ -68,7 +69,7 @@ impl SqlxPostgresStore {
     }
 
     /// The SQL of each store step, as rendered for this table: the same text
-    /// [`PostgresStore::statements`](crate::PostgresStore::statements) returns.
+    /// `PostgresStore::statements` returns.
     pub fn statements(&self) -> StatementsSql<'_> {
         self.inner.table.statements.sql()
     }
@@ -84,7 +85,7 @@ impl SqlxPostgresStore {
     }
 
     /// Creates the table and index if missing and schedules the pg_cron purge job where pg_cron
-    /// is installed: the migrations of [`PostgresStore::migrate`](crate::PostgresStore::migrate),
+    /// is installed: the migrations of `PostgresStore::migrate`,
     /// by the same code, in one sqlx transaction under the same advisory lock.
     pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
         let mut tx = self.inner.driver.pool.begin().await?;
@@ -106,6 +107,30 @@ impl SqlxPostgresStore {
             .check(&mut SqlxSession(&mut connection))
             .await
             .map_err(setup_error)
+    }
+
+    /// Reads the state of the table, its migrations and its pg_cron purge job, as
+    /// `PostgresStore::status` does, by the same code. Reads only.
+    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
+        let mut connection = self.inner.driver.pool.acquire().await?;
+        status::read_status(&mut SqlxSession(&mut connection), &self.inner.table).await
+    }
+
+    /// When the live record of `(scope, key)` was created and how long until it expires;
+    /// `None` when it is absent. For operators.
+    pub async fn record_times(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
+        let mut connection = self.inner.driver.pool.acquire().await?;
+        status::read_record_times(
+            &mut SqlxSession(&mut connection),
+            &self.inner.table,
+            scope,
+            key,
+        )
+        .await
     }
 
     /// How many times this store found its table emptied (see

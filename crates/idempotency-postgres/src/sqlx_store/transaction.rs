@@ -37,7 +37,7 @@ use std::ops::{Deref, DerefMut};
 /// # Ok(()) }
 /// ```
 ///
-/// Compared with [`PgTransaction`](crate::PgTransaction) it costs two more round trips per
+/// Compared with `PgTransaction` it costs two more round trips per
 /// request: sqlx sends `BEGIN` and `COMMIT` on their own, where tokio-postgres pipelines them
 /// with the store's check and completion. The transaction runs at READ COMMITTED.
 pub struct SqlxTransaction(pub(crate) OpenTransaction<SqlxDriver>);

@@ -2,8 +2,8 @@
 //! connection inside it, and the stored response commits in the same transaction (the logic is
 //! `open_transaction.rs`, shared with sqlx).
 
+use super::store::{PostgresStore, TokioDriver};
 use crate::open_transaction::{OpenTransaction, transactions_on_core};
-use crate::store::{PostgresStore, TokioDriver};
 use deadpool_postgres::ClientWrapper;
 use std::fmt;
 use std::ops::Deref;

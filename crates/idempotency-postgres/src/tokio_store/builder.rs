@@ -1,11 +1,12 @@
 //! Building a store: from a URL or an existing pool, with its table, mode and pool settings.
 
+use super::session::TokioSession;
+use super::store::{Inner, PostgresStore, TokioDriver};
+use super::tls::{self, Connector};
 use crate::error::PostgresStoreError;
 use crate::schema::TableMode;
-use crate::session::{TokioSession, check_writer};
-use crate::store::{Inner, PostgresStore, TokioDriver};
+use crate::session::check_writer;
 use crate::table::TableSettings;
-use crate::tls::{self, Connector};
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use std::fmt;
 use std::str::FromStr;

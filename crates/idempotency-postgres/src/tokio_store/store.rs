@@ -1,14 +1,18 @@
 //! The tokio-postgres and deadpool driver: the store's pool, its accessors, and the driver
 //! interface the store's primitives and transactions are written over.
 
+use super::error::{pool_error, query_error};
+use super::session::TokioSession;
 use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, driver_row};
-use crate::error::{BACKEND, pool_error, query_error, setup_error};
+use crate::error::PostgresStoreError;
+use crate::error::{BACKEND, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
+use crate::schema::StatementsSql;
 use crate::schema::{Sql, TableMode};
-use crate::session::TokioSession;
+use crate::status::{self, RecordTimes, StoreStatus};
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
-use idempotency_core::StoreError;
+use idempotency_core::{IdempotencyKey, Scope, StoreError};
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -76,26 +80,6 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
-/// The SQL text of each store step; parameters are documented on each field.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub struct StatementsSql<'a> {
-    /// `$1` scope, `$2` key, `$3` fingerprint bytes, `$4` token (uuid), `$5` lease seconds
-    /// (float8).
-    pub claim: &'a str,
-    /// `$1` scope, `$2` key, `$3` token, `$4` status (int4), `$5` response bytes, `$6` retention
-    /// seconds (float8).
-    pub complete: &'a str,
-    /// `$1` scope, `$2` key, `$3` token, `$4` lease seconds (float8).
-    pub extend: &'a str,
-    /// `$1` scope, `$2` key, `$3` token.
-    pub release: &'a str,
-    /// `$1` scope, `$2` key.
-    pub get: &'a str,
-    /// `$1` batch size (int8).
-    pub purge: &'a str,
-}
-
 impl PostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &Pool {
@@ -126,6 +110,25 @@ impl PostgresStore {
             .check(&mut TokioSession(&**client))
             .await
             .map_err(setup_error)
+    }
+
+    /// Reads the state of the table, its migrations and its pg_cron purge job (from `cron.job`,
+    /// so a job someone unscheduled or changed shows). Reads only.
+    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
+        let client = self.inner.driver.pool.get().await?;
+        status::read_status(&mut TokioSession(&**client), &self.inner.table).await
+    }
+
+    /// When the live record of `(scope, key)` was created and how long until it expires (its
+    /// lease while in flight, its retention once completed); `None` when it is absent. For
+    /// operators (`idempotency inspect`).
+    pub async fn record_times(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
+        let client = self.inner.driver.pool.get().await?;
+        status::read_record_times(&mut TokioSession(&**client), &self.inner.table, scope, key).await
     }
 
     /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).
