@@ -51,6 +51,7 @@ mod builder;
 mod connection;
 mod error;
 mod eviction;
+mod invoke;
 mod reply;
 mod sentinel;
 mod status;

@@ -1,0 +1,205 @@
+//! How a guard that holds a transaction ends it: the response stored and committed with the
+//! handler's writes, stored after a handler that committed itself, or the claim released after
+//! a rollback.
+
+use super::{Completion, Guard, Hold, RollbackCause, Superseded};
+use crate::engine::retry::{Op, spawn_release};
+use crate::engine::{Judged, judge};
+use crate::{
+    ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction,
+    StoredResponse,
+};
+use std::sync::Arc;
+
+impl<S: IdempotencyStore + 'static> Guard<S> {
+    /// Stores the response in the request's transaction and commits both.
+    pub(super) async fn commit(
+        &self,
+        tx: Box<dyn StoreTransaction>,
+        response: StoredResponse,
+    ) -> Completion {
+        let shared = &self.shared;
+        let committed = shared
+            .call(
+                Op::Commit,
+                tx.complete_and_commit(&response, shared.config.retention),
+            )
+            .await;
+        match committed {
+            Ok(CommitOutcome::Committed) => Completion::Stored,
+            Ok(CommitOutcome::Superseded(record)) => {
+                tracing::debug!(
+                    backend = shared.store.backend(),
+                    "another request completed the key first; the transaction rolled back"
+                );
+                let judged = match self.hold {
+                    Hold::Transaction(fingerprint) => judge(record, &fingerprint),
+                    // Only the one-transaction mode inserts records at commit time.
+                    Hold::Lease => Judged::Mismatch,
+                };
+                Completion::Superseded(match judged {
+                    Judged::Mismatch => Superseded::Mismatch,
+                    Judged::Replay(response) => Superseded::Replay(response),
+                    Judged::Running(retry_after) => Superseded::InFlight { retry_after },
+                })
+            }
+            Ok(CommitOutcome::LeaseLost) => {
+                self.lost("the transaction was rolled back");
+                Completion::RolledBack(RollbackCause::LeaseLost)
+            }
+            Ok(CommitOutcome::CommittedByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler committed the idempotency transaction itself (a raw COMMIT): its \
+                     writes exist, so the response is stored after them, outside the \
+                     transaction (a crash in between would let a retry run again). Never end \
+                     the request's transaction in the handler"
+                );
+                self.store_after_handler_commit(response).await
+            }
+            Ok(CommitOutcome::RolledBackByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler rolled the idempotency transaction back itself (a raw \
+                     ROLLBACK): none of its writes exist, so nothing is stored and the key is \
+                     released for the retry. Never end the request's transaction in the handler"
+                );
+                if !self.hold.is_transaction() {
+                    self.release_claim().await;
+                }
+                Completion::TransactionMisused
+            }
+            Ok(CommitOutcome::EndedByHandler) => {
+                tracing::error!(
+                    backend = shared.store.backend(),
+                    "the handler ended the idempotency transaction itself (COMMIT or ROLLBACK): \
+                     its writes and the response cannot be tied together, so nothing was stored \
+                     and the key stays claimed until its lease runs out. Never end the \
+                     request's transaction in the handler"
+                );
+                Completion::TransactionMisused
+            }
+            Err(error) => {
+                // A timeout or a lost connection: the COMMIT may have happened. Anything else
+                // is the database's own refusal, which ended the transaction uncommitted.
+                let unknown = error.is_unreachable();
+                if unknown {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "the request's COMMIT was not confirmed: it may or may not have happened"
+                    );
+                } else {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "the request's transaction did not commit"
+                    );
+                }
+                if !self.hold.is_transaction() {
+                    // Fenced by the token: if the commit did happen after all, the record is
+                    // completed and no longer carries the token, so nothing is released and
+                    // the retry replays; otherwise the retry runs.
+                    spawn_release(
+                        Arc::clone(shared),
+                        self.lease.clone(),
+                        "transaction not committed",
+                    );
+                }
+                if unknown {
+                    Completion::OutcomeUnknown
+                } else {
+                    Completion::RolledBack(RollbackCause::Store)
+                }
+            }
+        }
+    }
+
+    /// Stores the response outside the request's transaction, which the handler committed
+    /// itself. The one-transaction mode holds no record yet: the key is claimed with this
+    /// request's token first.
+    pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
+        let shared = &self.shared;
+        let lease = &self.lease;
+        if let Hold::Transaction(fingerprint) = self.hold {
+            let claimed = shared
+                .call(
+                    Op::Claim,
+                    shared.store.claim(
+                        lease.scope(),
+                        lease.key(),
+                        &fingerprint,
+                        lease.token(),
+                        shared.config.lease,
+                    ),
+                )
+                .await;
+            match claimed {
+                Ok(ClaimOutcome::Claimed) => {}
+                Ok(ClaimOutcome::Existing(_)) => {
+                    return self.lost("another request took the key after the handler's COMMIT");
+                }
+                Err(error) => {
+                    tracing::error!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "could not record the key after the handler's own COMMIT: a retry of \
+                         this request will run it again"
+                    );
+                    return Completion::Stale;
+                }
+            }
+        }
+        self.store(response).await
+    }
+
+    /// Releases the claim (fenced by its token) so a retry runs at once; retried in the
+    /// background until the lease runs out if the store fails.
+    pub(super) async fn release_claim(&self) -> Completion {
+        let shared = &self.shared;
+        let lease = &self.lease;
+        match shared
+            .call(
+                Op::Release,
+                shared
+                    .store
+                    .release(lease.scope(), lease.key(), lease.token()),
+            )
+            .await
+        {
+            Ok(FenceOutcome::Applied) => Completion::Released,
+            Ok(FenceOutcome::Stale) => self.lost("the key was not released"),
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not release the key; retrying in the background until its lease runs out"
+                );
+                spawn_release(Arc::clone(shared), lease.clone(), "failed release");
+                Completion::Deferred
+            }
+        }
+    }
+
+    pub(super) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
+        if let Err(error) = self.shared.call(Op::Rollback, tx.rollback()).await {
+            // The transaction cannot commit any more: a failed rollback ends with its
+            // connection, and the server rolls it back.
+            tracing::warn!(
+                backend = self.shared.store.backend(),
+                error = %ErrorChain(&error),
+                "could not roll back the request's transaction; it ends with its connection"
+            );
+        }
+    }
+
+    pub(super) fn transaction_busy(&self) -> Completion {
+        tracing::error!(
+            backend = self.shared.store.backend(),
+            "the handler still holds its idempotency transaction after returning its response \
+             (a Transaction kept in a spawned task or in the response body): nothing was stored \
+             and the key stays claimed until its lease runs out"
+        );
+        Completion::TransactionMisused
+    }
+}
