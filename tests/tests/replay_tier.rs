@@ -7,7 +7,7 @@
 use axum::http::StatusCode;
 use idempotency::IdempotencyStore;
 use idempotency::memory::ReplayTier;
-use idempotency_conformance::faults::{FaultyStore, Op};
+use idempotency_conformance::faults::{FaultyStore, StoreOp};
 use idempotency_e2e::{Backend, Namespace, Runs, counting_app, key, request, send, user};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,10 +16,16 @@ type Counted = FaultyStore<Arc<dyn IdempotencyStore>>;
 
 /// Every call that reaches the store behind a tier.
 fn store_calls(store: &Counted) -> u64 {
-    [Op::Claim, Op::Complete, Op::Extend, Op::Release, Op::Get]
-        .into_iter()
-        .map(|op| store.calls(op))
-        .sum()
+    [
+        StoreOp::Claim,
+        StoreOp::Complete,
+        StoreOp::Extend,
+        StoreOp::Release,
+        StoreOp::Get,
+    ]
+    .into_iter()
+    .map(|op| store.calls(op))
+    .sum()
 }
 
 async fn retries_cost_no_round_trip(backend: Backend) {

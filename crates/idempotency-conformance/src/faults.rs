@@ -2,12 +2,12 @@
 //! store fails at a chosen step.
 //!
 //! ```
-//! use idempotency_conformance::faults::{Fault, FaultyStore, Op};
+//! use idempotency_conformance::faults::{Fault, FaultyStore, StoreOp};
 //! use idempotency_memory::MemoryStore;
 //!
 //! let store = FaultyStore::new(MemoryStore::default());
-//! store.set(Op::Complete, Fault::Fail);   // every `complete` fails until cleared
-//! store.clear(Op::Complete);
+//! store.set(StoreOp::Complete, Fault::Fail);   // every `complete` fails until cleared
+//! store.clear(StoreOp::Complete);
 //! ```
 
 use async_trait::async_trait;
@@ -19,38 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A store primitive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Op {
-    /// [`IdempotencyStore::claim`]
-    Claim,
-    /// [`IdempotencyStore::complete`]
-    Complete,
-    /// [`IdempotencyStore::extend`]
-    Extend,
-    /// [`IdempotencyStore::release`]
-    Release,
-    /// [`IdempotencyStore::get`]
-    Get,
-    /// [`IdempotencyStore::purge_expired`]
-    Purge,
-}
+/// The calls a [`FaultyStore`] counts and can fail: the six primitives. The steps of a request's
+/// transaction (`BeginTransaction`, `Commit`, `Rollback`) go to the wrapped store untouched.
+pub use idempotency_core::store::StoreOp;
 
-const OPS: usize = 6;
-
-impl Op {
-    fn index(self) -> usize {
-        match self {
-            Op::Claim => 0,
-            Op::Complete => 1,
-            Op::Extend => 2,
-            Op::Release => 3,
-            Op::Get => 4,
-            Op::Purge => 5,
-        }
-    }
-}
+const OPS: usize = StoreOp::ALL.len();
 
 /// What happens to a call of a faulty primitive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +41,7 @@ pub enum Fault {
     Corrupt,
 }
 
-/// Wraps a store and applies the faults set per [`Op`]; counts every call per op.
+/// Wraps a store and applies the faults set per [`StoreOp`]; counts every call per op.
 #[derive(Debug, Clone)]
 pub struct FaultyStore<S> {
     inner: S,
@@ -91,18 +64,26 @@ impl<S> FaultyStore<S> {
     }
 
     /// Makes every later call of `op` behave as `fault`, until cleared.
-    pub fn set(&self, op: Op, fault: Fault) {
-        self.faults()[op.index()] = Some(fault);
+    ///
+    /// # Panics
+    /// When `op` is not one of the six primitives: the wrapper passes a request's transaction
+    /// through untouched, so the fault would never apply.
+    pub fn set(&self, op: StoreOp, fault: Fault) {
+        assert!(
+            op.is_primitive(),
+            "FaultyStore injects faults into the six primitives; {op:?} goes to the wrapped store untouched"
+        );
+        self.faults()[op as usize] = Some(fault);
     }
 
     /// Lets `op` reach the store normally again.
-    pub fn clear(&self, op: Op) {
-        self.faults()[op.index()] = None;
+    pub fn clear(&self, op: StoreOp) {
+        self.faults()[op as usize] = None;
     }
 
     /// How many times `op` was called (faulty or not).
-    pub fn calls(&self, op: Op) -> u64 {
-        self.state.calls[op.index()].load(Ordering::SeqCst)
+    pub fn calls(&self, op: StoreOp) -> u64 {
+        self.state.calls[op as usize].load(Ordering::SeqCst)
     }
 
     /// The wrapped store.
@@ -119,11 +100,11 @@ impl<S> FaultyStore<S> {
 
     async fn run<T>(
         &self,
-        op: Op,
+        op: StoreOp,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.state.calls[op.index()].fetch_add(1, Ordering::SeqCst);
-        let fault = self.faults()[op.index()];
+        self.state.calls[op as usize].fetch_add(1, Ordering::SeqCst);
+        let fault = self.faults()[op as usize];
         match fault {
             None => call.await,
             Some(Fault::Fail) => Err(StoreError::Unavailable {
@@ -162,7 +143,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         self.run(
-            Op::Claim,
+            StoreOp::Claim,
             self.inner.claim(scope, key, fingerprint, token, lease),
         )
         .await
@@ -177,7 +158,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         retention: Duration,
     ) -> Result<FenceOutcome, StoreError> {
         self.run(
-            Op::Complete,
+            StoreOp::Complete,
             self.inner.complete(scope, key, token, response, retention),
         )
         .await
@@ -190,7 +171,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         token: LeaseToken,
         lease: Duration,
     ) -> Result<FenceOutcome, StoreError> {
-        self.run(Op::Extend, self.inner.extend(scope, key, token, lease))
+        self.run(StoreOp::Extend, self.inner.extend(scope, key, token, lease))
             .await
     }
 
@@ -200,16 +181,17 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         key: &IdempotencyKey,
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
-        self.run(Op::Release, self.inner.release(scope, key, token))
+        self.run(StoreOp::Release, self.inner.release(scope, key, token))
             .await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        self.run(Op::Get, self.inner.get(scope, key)).await
+        self.run(StoreOp::Get, self.inner.get(scope, key)).await
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        self.run(Op::Purge, self.inner.purge_expired(limit)).await
+        self.run(StoreOp::Purge, self.inner.purge_expired(limit))
+            .await
     }
 
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
@@ -222,5 +204,31 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
 
     async fn check_state(&self) -> Result<bool, StoreError> {
         self.inner.check_state().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fault, FaultyStore, StoreOp};
+
+    /// A fault on a step the wrapper passes through would never apply: it is refused.
+    #[test]
+    #[should_panic(expected = "goes to the wrapped store untouched")]
+    fn a_fault_on_a_transaction_step_is_refused() {
+        FaultyStore::new(()).set(StoreOp::Commit, Fault::Fail);
+    }
+
+    /// Faults and counts are per primitive.
+    #[test]
+    fn faults_are_kept_per_primitive() {
+        let store = FaultyStore::new(());
+        store.set(StoreOp::Complete, Fault::Fail);
+        assert_eq!(
+            store.faults()[StoreOp::Complete as usize],
+            Some(Fault::Fail)
+        );
+        assert_eq!(store.faults()[StoreOp::Claim as usize], None);
+        store.clear(StoreOp::Complete);
+        assert_eq!(store.faults()[StoreOp::Complete as usize], None);
     }
 }

@@ -14,6 +14,74 @@ use crate::{Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredRe
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A call a store answers, as it is named in metrics (the `op` label of
+/// `idempotency_store_duration_seconds` and `idempotency_store_errors_total`), in logs, and by
+/// the conformance crate's fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreOp {
+    /// [`IdempotencyStore::claim`]
+    Claim,
+    /// [`IdempotencyStore::complete`]
+    Complete,
+    /// [`IdempotencyStore::extend`]
+    Extend,
+    /// [`IdempotencyStore::release`]
+    Release,
+    /// [`IdempotencyStore::get`]
+    Get,
+    /// [`IdempotencyStore::purge_expired`]
+    Purge,
+    /// Opening a request's transaction: [`TransactionalStore::begin_transaction`] (lease mode)
+    /// or [`TransactionalStore::begin_keyed`] (one-transaction mode).
+    BeginTransaction,
+    /// [`StoreTransaction::complete_and_commit`]: the response stored in the request's
+    /// transaction, and the transaction committed.
+    Commit,
+    /// [`StoreTransaction::rollback`]
+    Rollback,
+}
+
+impl StoreOp {
+    /// Every call, in the order of their discriminants (`op as usize` indexes it).
+    pub const ALL: [StoreOp; 9] = [
+        StoreOp::Claim,
+        StoreOp::Complete,
+        StoreOp::Extend,
+        StoreOp::Release,
+        StoreOp::Get,
+        StoreOp::Purge,
+        StoreOp::BeginTransaction,
+        StoreOp::Commit,
+        StoreOp::Rollback,
+    ];
+
+    /// The name in metrics and logs: `claim`, `complete`, `extend`, `release`, `get`, `purge`,
+    /// `begin_transaction`, `commit`, `rollback`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Complete => "complete",
+            StoreOp::Extend => "extend",
+            StoreOp::Release => "release",
+            StoreOp::Get => "get",
+            StoreOp::Purge => "purge",
+            StoreOp::BeginTransaction => "begin_transaction",
+            StoreOp::Commit => "commit",
+            StoreOp::Rollback => "rollback",
+        }
+    }
+
+    /// Whether this is one of the six primitives of [`IdempotencyStore`] (not a step of a
+    /// request's transaction).
+    pub fn is_primitive(self) -> bool {
+        !matches!(
+            self,
+            StoreOp::BeginTransaction | StoreOp::Commit | StoreOp::Rollback
+        )
+    }
+}
+
 /// Atomic primitives over records addressed by `(scope, key)`.
 ///
 /// Stores do these primitives and nothing else; the protocol (what a mismatch means, when to
@@ -226,5 +294,25 @@ pub async fn purge_periodically<S: IdempotencyStore + ?Sized>(
             purged = total,
             "purged expired idempotency records"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreOp;
+
+    /// `op as usize` indexes `ALL` (the metrics' key arrays and the fault table rely on it), and
+    /// no two calls share a metric label.
+    #[test]
+    fn every_op_indexes_all_and_has_its_own_name() {
+        for (i, op) in StoreOp::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, i, "{op:?}");
+        }
+        let mut names: Vec<_> = StoreOp::ALL.map(StoreOp::name).into();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), StoreOp::ALL.len());
+        let primitives = StoreOp::ALL.into_iter().filter(|op| op.is_primitive());
+        assert_eq!(primitives.count(), 6);
     }
 }

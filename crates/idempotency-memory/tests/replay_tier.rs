@@ -11,7 +11,7 @@ mod through_the_tier {
 
 mod calls {
     use bytes::Bytes;
-    use idempotency_conformance::faults::{Fault, FaultyStore, Op};
+    use idempotency_conformance::faults::{Fault, FaultyStore, StoreOp};
     use idempotency_core::http::{HeaderMap, StatusCode};
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimOutcome, Engine, EngineConfig, FenceOutcome, Fingerprint,
@@ -53,10 +53,16 @@ mod calls {
 
     /// The calls that reach the store.
     fn store_calls(store: &Counted) -> u64 {
-        [Op::Claim, Op::Complete, Op::Extend, Op::Release, Op::Get]
-            .into_iter()
-            .map(|op| store.calls(op))
-            .sum()
+        [
+            StoreOp::Claim,
+            StoreOp::Complete,
+            StoreOp::Extend,
+            StoreOp::Release,
+            StoreOp::Get,
+        ]
+        .into_iter()
+        .map(|op| store.calls(op))
+        .sum()
     }
 
     async fn complete_once(tier: &ReplayTier<Counted>, scope: &Scope, key: &IdempotencyKey) {
@@ -120,7 +126,7 @@ mod calls {
     async fn in_flight_and_unknown_keys_always_ask_the_store() {
         let (store, tier, scope, key) = tiered();
         assert_eq!(tier.get(&scope, &key).await.unwrap(), None);
-        assert_eq!(store.calls(Op::Get), 1);
+        assert_eq!(store.calls(StoreOp::Get), 1);
         let token = LeaseToken::new();
         assert_eq!(
             tier.claim(&scope, &key, &fp("a"), token, HOUR)
@@ -135,7 +141,7 @@ mod calls {
                 .unwrap();
             assert!(matches!(again, ClaimOutcome::Existing(_)));
             assert_eq!(
-                store.calls(Op::Claim),
+                store.calls(StoreOp::Claim),
                 1 + i,
                 "an in-flight key was answered locally"
             );
@@ -163,14 +169,14 @@ mod calls {
         );
         let (scope, key) = (Scope::new("user").unwrap(), key());
         complete_once(&first, &scope, &key).await;
-        let before = store.calls(Op::Claim);
+        let before = store.calls(StoreOp::Claim);
         for expected in [before + 1, before + 1, before + 1] {
             let outcome = second
                 .claim(&scope, &key, &fp("a"), LeaseToken::new(), HOUR)
                 .await
                 .unwrap();
             assert!(matches!(outcome, ClaimOutcome::Existing(_)));
-            assert_eq!(store.calls(Op::Claim), expected);
+            assert_eq!(store.calls(StoreOp::Claim), expected);
         }
         assert_eq!(second.hits(), 2);
     }
@@ -190,7 +196,7 @@ mod calls {
             FenceOutcome::Applied
         );
         assert!(tier.get(&scope, &key).await.unwrap().is_some());
-        assert_eq!(store.calls(Op::Get), 0);
+        assert_eq!(store.calls(StoreOp::Get), 0);
         tokio::time::sleep(retention + Duration::from_millis(100)).await;
         assert_eq!(
             tier.get(&scope, &key).await.unwrap(),
@@ -198,7 +204,7 @@ mod calls {
             "an expired record replayed"
         );
         assert_eq!(
-            store.calls(Op::Get),
+            store.calls(StoreOp::Get),
             1,
             "past its retention the tier must ask the store"
         );
@@ -214,7 +220,7 @@ mod calls {
     async fn cached_replays_go_on_through_a_store_outage() {
         let (store, tier, scope, key) = tiered();
         complete_once(&tier, &scope, &key).await;
-        store.set(Op::Claim, Fault::Fail);
+        store.set(StoreOp::Claim, Fault::Fail);
         let replay = tier
             .claim(&scope, &key, &fp("a"), LeaseToken::new(), HOUR)
             .await
@@ -233,26 +239,26 @@ mod calls {
         tier.claim(&scope, &key, &fp("a"), token, HOUR)
             .await
             .unwrap();
-        store.set(Op::Complete, Fault::Fail);
+        store.set(StoreOp::Complete, Fault::Fail);
         assert!(
             tier.complete(&scope, &key, token, &created(), HOUR)
                 .await
                 .is_err()
         );
-        store.clear(Op::Complete);
+        store.clear(StoreOp::Complete);
         assert_eq!(
             tier.complete(&scope, &key, token, &created(), HOUR)
                 .await
                 .unwrap(),
             FenceOutcome::Applied
         );
-        let claims = store.calls(Op::Claim);
+        let claims = store.calls(StoreOp::Claim);
         let replay = tier
             .claim(&scope, &key, &fp("a"), LeaseToken::new(), HOUR)
             .await
             .unwrap();
         assert!(matches!(replay, ClaimOutcome::Existing(_)));
-        assert_eq!(store.calls(Op::Claim), claims);
+        assert_eq!(store.calls(StoreOp::Claim), claims);
     }
 
     #[tokio::test]

@@ -277,7 +277,7 @@ where
                 return Ok(answer(&shared, problem.clone()));
             }
             let policy = &shared.settings.replay_policy;
-            if !policy.replays(parts.status)
+            if !policy.stores(parts.status)
                 || opted_out(&parts)
                 || rejected_before_the_handler(&parts, &shared.settings.rejection_statuses)
             {

@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idempotency_conformance::faults::{Fault, FaultyStore, Op};
+use idempotency_conformance::faults::{Fault, FaultyStore, StoreOp};
 use idempotency_core::Scope;
 use idempotency_memory::MemoryStore;
 use idempotency_tower::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeSet};
@@ -135,7 +135,7 @@ async fn a_failed_completion_keeps_the_claim_and_stores_the_response_later() {
             b.lease(Duration::from_secs(30))
                 .store_timeout(Duration::from_millis(200))
         });
-        store.set(Op::Complete, fault);
+        store.set(StoreOp::Complete, fault);
         let (status, body) = send(&app, post_to("/orders")).await;
         assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"order 1"[..]));
         let (status, _) = send(&app, post_to("/orders")).await;
@@ -144,7 +144,7 @@ async fn a_failed_completion_keeps_the_claim_and_stores_the_response_later() {
             StatusCode::CONFLICT,
             "{fault:?}: the side effect exists, so its key must stay claimed"
         );
-        store.clear(Op::Complete);
+        store.clear(StoreOp::Complete);
         let (status, body) = until_not_conflict(&app, "/orders", Duration::from_secs(5)).await;
         assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"order 1"[..]));
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{fault:?}: ran twice");
@@ -161,7 +161,7 @@ async fn fail_open_runs_nothing_when_the_store_answered() {
     let app = app(&store, &runs, |b| b.fail_open(true));
     // The first request completes; then its record reads as corrupt.
     assert_eq!(send(&app, post_to("/orders")).await.0, StatusCode::CREATED);
-    store.set(Op::Claim, Fault::Corrupt);
+    store.set(StoreOp::Claim, Fault::Corrupt);
     let (status, _) = send(&app, post_to("/orders")).await;
     assert_eq!(
         status,
@@ -170,7 +170,7 @@ async fn fail_open_runs_nothing_when_the_store_answered() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran twice");
     // Unreachable: fail open runs it (the documented trade).
-    store.set(Op::Claim, Fault::Fail);
+    store.set(StoreOp::Claim, Fault::Fail);
     assert_eq!(send(&app, post_to("/orders")).await.0, StatusCode::CREATED);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
@@ -217,9 +217,12 @@ async fn claim_answer_lost(store_timeout: Duration, first: impl AsyncFnOnce(&Rou
         b.lease(Duration::from_secs(30))
             .store_timeout(store_timeout)
     });
-    store.set(Op::Claim, Fault::DelayAfter(Duration::from_millis(600)));
+    store.set(
+        StoreOp::Claim,
+        Fault::DelayAfter(Duration::from_millis(600)),
+    );
     first(&app).await;
-    store.clear(Op::Claim);
+    store.clear(StoreOp::Claim);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (status, body) = send(&app, post_to("/orders")).await;
     assert_eq!(
@@ -443,13 +446,16 @@ async fn a_heartbeat_whose_answers_time_out_keeps_trying_after_the_local_deadlin
         b.lease(Duration::from_millis(600))
             .store_timeout(Duration::from_millis(200))
     });
-    store.set(Op::Extend, Fault::DelayAfter(Duration::from_millis(300)));
+    store.set(
+        StoreOp::Extend,
+        Fault::DelayAfter(Duration::from_millis(300)),
+    );
     let first = tokio::spawn({
         let app = app.clone();
         async move { send(&app, post_to("/streaming")).await }
     });
     tokio::time::sleep(Duration::from_millis(900)).await;
-    store.clear(Op::Extend);
+    store.clear(StoreOp::Extend);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let (duplicate, _) = send(&app, post_to("/streaming")).await;
     assert_eq!(
@@ -516,12 +522,15 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
             }),
         )
         .layer(layer);
-    store.set(Op::Extend, Fault::Fail);
+    store.set(StoreOp::Extend, Fault::Fail);
     let (status, body) = send(&app, post_to("/watch")).await;
     let body = String::from_utf8_lossy(&body);
     assert_eq!(status, StatusCode::OK);
     assert!(body.starts_with("Applied; lost after "), "{body}");
-    assert!(store.calls(Op::Extend) > 0, "the heartbeat must have tried");
+    assert!(
+        store.calls(StoreOp::Extend) > 0,
+        "the heartbeat must have tried"
+    );
 }
 
 /// A short lease alone builds: the store timeout left unset shrinks to a third of it. A store

@@ -167,12 +167,12 @@ pub async fn engine_keeps_the_claim_when_storing_the_response_fails<
 >(
     store: Arc<S>,
 ) {
-    use crate::faults::{Fault, FaultyStore, Op};
+    use crate::faults::{Fault, FaultyStore, StoreOp};
     let faulty = FaultyStore::new(store);
     let engine = Engine::new(faulty.clone(), EngineConfig::default().with_lease(LONG));
     let (s, k, fp) = (scope("deferred"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
-    faulty.set(Op::Complete, Fault::Fail);
+    faulty.set(StoreOp::Complete, Fault::Fail);
     let stored = response(201, b"{\"id\":9}");
     assert_eq!(
         guard.complete(stored.clone()).await,
@@ -185,7 +185,7 @@ pub async fn engine_keeps_the_claim_when_storing_the_response_fails<
             panic!("invariant 9: the side effect may stand, so the key stays held; got {other:?}")
         }
     }
-    faulty.clear(Op::Complete);
+    faulty.clear(StoreOp::Complete);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         match engine.begin(s.clone(), k.clone(), fp).await.expect("begin") {

@@ -39,9 +39,15 @@ impl ReplayPolicy {
         ReplayPolicy(Arc::new(f))
     }
 
-    /// Whether a response with `status` is stored.
-    pub fn replays(&self, status: StatusCode) -> bool {
+    /// Whether a response with `status` is stored (and so replayed to the key's retries).
+    pub fn stores(&self, status: StatusCode) -> bool {
         (self.0)(status)
+    }
+
+    /// The former name of [`ReplayPolicy::stores`].
+    #[deprecated(since = "0.1.0", note = "renamed to `stores`")]
+    pub fn replays(&self, status: StatusCode) -> bool {
+        self.stores(status)
     }
 }
 
@@ -225,13 +231,13 @@ mod tests {
     fn standard_policy_stores_2xx_to_4xx_but_not_transient_or_server_errors() {
         let p = ReplayPolicy::standard();
         for s in [200, 201, 204, 301, 400, 404, 409, 422, 499] {
-            assert!(p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         for s in [100, 401, 403, 408, 429, 500, 502, 503, 504] {
-            assert!(!p.replays(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(!p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        assert!(ReplayPolicy::all_final().replays(StatusCode::INTERNAL_SERVER_ERROR));
-        assert!(!ReplayPolicy::custom(|s| s == StatusCode::CREATED).replays(StatusCode::OK));
+        assert!(ReplayPolicy::all_final().stores(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!ReplayPolicy::custom(|s| s == StatusCode::CREATED).stores(StatusCode::OK));
     }
 
     /// A lease that one hung extension can outlast is refused: with the default 5 s store

@@ -5,7 +5,8 @@ use super::Shared;
 use super::heartbeat::Registration;
 use super::lease::Lease;
 use super::opener::TxOpener;
-use super::retry::{Op, retry_until, spawn_release};
+use super::retry::{retry_until, spawn_release};
+use crate::store::StoreOp;
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{
     ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore, ReplayPolicy, StoreTransaction,
@@ -126,10 +127,16 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self.transaction.as_ref()
     }
 
-    /// Whether a response with `status` would be stored (so a caller can skip buffering a body
-    /// that will not be kept).
+    /// Whether a response with `status` would be stored under the engine's policy (so a caller
+    /// can skip buffering a body that will not be kept).
+    pub fn stores(&self, status: StatusCode) -> bool {
+        self.shared.config.replay_policy.stores(status)
+    }
+
+    /// The former name of [`Guard::stores`].
+    #[deprecated(since = "0.1.0", note = "renamed to `stores`")]
     pub fn will_store(&self, status: StatusCode) -> bool {
-        self.shared.config.replay_policy.replays(status)
+        self.stores(status)
     }
 
     /// Stores the handler's response and commits the request's transaction with it when the
@@ -138,7 +145,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// side effect may stand: if storing fails, the claim is kept and storing is retried in the
     /// background until the lease runs out ([`Completion::Deferred`]).
     pub async fn complete(self, response: StoredResponse) -> Completion {
-        if !self.will_store(response.status()) {
+        if !self.stores(response.status()) {
             return self.release().await;
         }
         self.store_outcome(response, true).await
@@ -152,7 +159,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         policy: &ReplayPolicy,
         response: StoredResponse,
     ) -> Completion {
-        if !policy.replays(response.status()) {
+        if !policy.stores(response.status()) {
             return self.release().await;
         }
         self.store_outcome(response, true).await
@@ -329,7 +336,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
                     None => Taken::Unopened,
                 };
                 if let Taken::Open { tx, .. } = open
-                    && let Err(error) = shared.call(Op::Rollback, tx.rollback()).await
+                    && let Err(error) = shared.call(StoreOp::Rollback, tx.rollback()).await
                 {
                     tracing::warn!(error = %ErrorChain(&error), "could not roll back a dropped request's transaction; it ends with its connection");
                 }

@@ -28,12 +28,12 @@ pub use lease::Lease;
 pub use lease::LeaseRejection;
 pub use limit::ScopeLimit;
 
+use crate::store::StoreOp;
 use crate::{
     ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
     RecordState, Scope, StoreError, StoredResponse,
 };
 use pending::PendingClaim;
-use retry::Op;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -259,7 +259,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             let outcome = self
                 .shared
                 .call(
-                    Op::Claim,
+                    StoreOp::Claim,
                     self.shared
                         .store
                         .claim(scope, key, &fingerprint, *token, config.lease),
@@ -358,7 +358,7 @@ impl<S: IdempotencyStore> Shared<S> {
         let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
         let retention = self.config.retention;
         self.call(
-            Op::Complete,
+            StoreOp::Complete,
             store.complete(scope, key, token, response, retention),
         )
         .await
@@ -368,7 +368,7 @@ impl<S: IdempotencyStore> Shared<S> {
     pub(crate) async fn extend(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
         let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
         self.call(
-            Op::Extend,
+            StoreOp::Extend,
             self.store.extend(scope, key, token, lease.length()),
         )
         .await
@@ -377,14 +377,14 @@ impl<S: IdempotencyStore> Shared<S> {
     /// Releases the claim of `lease` (one bounded store call).
     pub(crate) async fn release(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
         let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
-        self.call(Op::Release, self.store.release(scope, key, token))
+        self.call(StoreOp::Release, self.store.release(scope, key, token))
             .await
     }
 
     /// One store call, bounded by the store timeout, timed and counted per operation.
     pub(crate) async fn call<T>(
         &self,
-        op: Op,
+        op: StoreOp,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let backend = self.store.backend();

@@ -1,9 +1,9 @@
 //! [`Engine::begin`] in [`ClaimMode::OneTransaction`]: the key's lookup opens the request's
 //! transaction, and nothing is written before the handler's own writes.
 
-use super::retry::Op;
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, Guard, Lease};
+use crate::store::StoreOp;
 use crate::{
     Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin, LeaseToken, Scope, StoreError,
 };
@@ -51,7 +51,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             let token = LeaseToken::new();
             let begun = shared
                 .call(
-                    Op::Begin,
+                    StoreOp::BeginTransaction,
                     store.begin_keyed(&scope, &key, &fingerprint, token),
                 )
                 .await;

@@ -2,8 +2,8 @@
 
 use super::Shared;
 use super::lease::Lease;
-use super::retry::Op;
 use crate::IdempotencyStore;
+use crate::store::StoreOp;
 use crate::transaction::{OpenFuture, Opener, TransactionError};
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
             let begun = self
                 .shared
                 .call(
-                    Op::Begin,
+                    StoreOp::BeginTransaction,
                     store.begin_transaction(lease.scope(), lease.key(), lease.token()),
                 )
                 .await;

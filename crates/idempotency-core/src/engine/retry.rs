@@ -1,5 +1,5 @@
-//! Store operations for metrics, and the background retries that keep a claim's promises when a
-//! store call fails: a claim nobody holds is given back, a response whose handler ran is stored.
+//! The background retries that keep a claim's promises when a store call fails: a claim
+//! nobody holds is given back, a response whose handler ran is stored.
 
 use super::Shared;
 use super::lease::Lease;
@@ -8,46 +8,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// A store step, as named in metrics (`op` label) and logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
-    Claim,
-    Complete,
-    Extend,
-    Release,
-    /// Opening a request's transaction.
-    Begin,
-    /// Storing the response in the request's transaction and committing it.
-    Commit,
-    /// Rolling the request's transaction back.
-    Rollback,
-}
-
-impl Op {
-    /// Every step, in the order of their discriminants.
-    pub(crate) const ALL: [Op; 7] = [
-        Op::Claim,
-        Op::Complete,
-        Op::Extend,
-        Op::Release,
-        Op::Begin,
-        Op::Commit,
-        Op::Rollback,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Op::Claim => "claim",
-            Op::Complete => "complete",
-            Op::Extend => "extend",
-            Op::Release => "release",
-            Op::Begin => "begin",
-            Op::Commit => "commit",
-            Op::Rollback => "rollback",
-        }
-    }
-}
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);

@@ -6,7 +6,7 @@
 //! recorder installed at that moment for the metric (nothing is cached but the key: a recorder
 //! installed later, or a thread-local one in a test, still gets every value).
 
-use super::retry::Op;
+use crate::store::StoreOp;
 use metrics::{Key, Label, Level, Metadata};
 
 static METADATA: Metadata<'static> =
@@ -18,27 +18,27 @@ const ERRORS: &str = "idempotency_store_errors_total";
 /// The keys of `idempotency_store_duration_seconds` and `idempotency_store_errors_total` for
 /// each store step of one backend.
 pub(crate) struct StoreMetrics {
-    duration: [Key; Op::ALL.len()],
-    errors: [Key; Op::ALL.len()],
+    duration: [Key; StoreOp::ALL.len()],
+    errors: [Key; StoreOp::ALL.len()],
 }
 
 impl StoreMetrics {
     /// The keys for a store named `backend`.
     pub(crate) fn new(backend: &'static str) -> Self {
-        let key = |name: &'static str, op: Op| {
+        let key = |name: &'static str, op: StoreOp| {
             Key::from_parts(
                 name,
                 vec![Label::new("backend", backend), Label::new("op", op.name())],
             )
         };
         StoreMetrics {
-            duration: Op::ALL.map(|op| key(DURATION, op)),
-            errors: Op::ALL.map(|op| key(ERRORS, op)),
+            duration: StoreOp::ALL.map(|op| key(DURATION, op)),
+            errors: StoreOp::ALL.map(|op| key(ERRORS, op)),
         }
     }
 
     /// Records how long a call of `op` took.
-    pub(crate) fn duration(&self, op: Op, seconds: f64) {
+    pub(crate) fn duration(&self, op: StoreOp, seconds: f64) {
         metrics::with_recorder(|recorder| {
             recorder
                 .register_histogram(&self.duration[op as usize], &METADATA)
@@ -47,7 +47,7 @@ impl StoreMetrics {
     }
 
     /// Counts a failed call of `op`.
-    pub(crate) fn error(&self, op: Op) {
+    pub(crate) fn error(&self, op: StoreOp) {
         metrics::with_recorder(|recorder| {
             recorder
                 .register_counter(&self.errors[op as usize], &METADATA)
@@ -68,10 +68,10 @@ mod tests {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
-            for op in Op::ALL {
+            for op in StoreOp::ALL {
                 metrics.duration(op, 0.5);
             }
-            metrics.error(Op::Complete);
+            metrics.error(StoreOp::Complete);
         });
         let mut seen = Vec::new();
         for (key, _, _, value) in snapshotter.snapshot().into_vec() {
@@ -88,7 +88,7 @@ mod tests {
             seen.push(format!("{}{{{}}} {count}", key.name(), labels.join(",")));
         }
         seen.sort();
-        let mut expected: Vec<String> = Op::ALL
+        let mut expected: Vec<String> = StoreOp::ALL
             .iter()
             .map(|op| format!("{DURATION}{{backend=memory,op={}}} 1", op.name()))
             .collect();

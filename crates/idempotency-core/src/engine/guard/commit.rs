@@ -3,8 +3,9 @@
 //! a rollback.
 
 use super::{Completion, Guard, Hold, RollbackCause, Superseded};
-use crate::engine::retry::{Op, spawn_release};
+use crate::engine::retry::spawn_release;
 use crate::engine::{Judged, judge};
+use crate::store::StoreOp;
 use crate::{
     ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction,
     StoredResponse,
@@ -21,7 +22,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         let shared = &self.shared;
         let committed = shared
             .call(
-                Op::Commit,
+                StoreOp::Commit,
                 tx.complete_and_commit(&response, shared.config.retention),
             )
             .await;
@@ -124,7 +125,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         if let Hold::Transaction(fingerprint) = self.hold {
             let claimed = shared
                 .call(
-                    Op::Claim,
+                    StoreOp::Claim,
                     shared.store.claim(
                         lease.scope(),
                         lease.key(),
@@ -160,7 +161,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         let lease = &self.lease;
         match shared
             .call(
-                Op::Release,
+                StoreOp::Release,
                 shared
                     .store
                     .release(lease.scope(), lease.key(), lease.token()),
@@ -182,7 +183,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     pub(super) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
-        if let Err(error) = self.shared.call(Op::Rollback, tx.rollback()).await {
+        if let Err(error) = self.shared.call(StoreOp::Rollback, tx.rollback()).await {
             // The transaction cannot commit any more: a failed rollback ends with its
             // connection, and the server rolls it back.
             tracing::warn!(
