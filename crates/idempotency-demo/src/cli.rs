@@ -37,22 +37,15 @@ struct Args {
     #[arg(long)]
     lease_mode: bool,
     /// On PostgreSQL, the key table's persistence: `logged` (survives a database crash with
-    /// the tasks) or `unlogged` (the ADR's choice: emptied by a database crash). Default: a new
-    /// table is LOGGED, an existing one keeps its mode.
-    #[arg(long, value_name = "MODE", value_parser = table_mode)]
+    /// the tasks), `unlogged` (the ADR's choice: emptied by a database crash) or
+    /// `logged_async_commit` (for the lease mode: claims commit without waiting for their WAL
+    /// flush). Default: a new table is LOGGED, an existing one keeps its mode.
+    #[arg(long, value_name = "MODE")]
     table_mode: Option<idempotency::TableMode>,
     /// On shutdown (Ctrl-C, SIGTERM), how long to wait for running requests to finish and
     /// their responses to be stored.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]
     drain_timeout: std::time::Duration,
-}
-
-fn table_mode(value: &str) -> Result<idempotency::TableMode, String> {
-    match value {
-        "logged" => Ok(idempotency::TableMode::Logged),
-        "unlogged" => Ok(idempotency::TableMode::Unlogged),
-        other => Err(format!("{other}: use logged or unlogged")),
-    }
 }
 
 fn drain_seconds(value: &str) -> Result<std::time::Duration, String> {

@@ -26,6 +26,9 @@ pub enum PostgresStoreError {
         /// The name given.
         name: String,
     },
+    /// A table mode read from text is none of `unlogged`, `logged`, `logged_async_commit`.
+    #[error("unknown table mode {0:?}: use unlogged, logged or logged_async_commit")]
+    UnknownTableMode(String),
     /// The pg_cron schedule is empty or holds `$`, `;` or control characters.
     #[error("invalid pg_cron schedule {0:?}: use cron syntax such as \"0 * * * *\"")]
     InvalidPurgeSchedule(String),

@@ -2,6 +2,7 @@
 //! placeholders filled for one table.
 
 use crate::error::PostgresStoreError;
+use std::str::FromStr;
 
 /// How the table is persisted.
 ///
@@ -46,13 +47,47 @@ impl TableMode {
         }
     }
 
-    /// A short name for benchmark ids and logs: `unlogged`, `logged`, `logged_async_commit`.
+    /// The mode's name, as [`Display`](std::fmt::Display) writes it and [`FromStr`] reads it
+    /// (for configuration and logs): `unlogged`, `logged`, `logged_async_commit`. Safe inside an
+    /// SQL identifier.
     pub fn name(self) -> &'static str {
         match self {
             TableMode::Unlogged => "unlogged",
             TableMode::Logged => "logged",
             TableMode::LoggedAsyncCommit => "logged_async_commit",
         }
+    }
+}
+
+impl std::fmt::Display for TableMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Reads a mode from configuration: `unlogged`, `logged`, `logged_async_commit` (or
+/// `logged-async-commit`), in any case.
+///
+/// ```
+/// use idempotency_postgres::TableMode;
+///
+/// assert_eq!("logged".parse::<TableMode>().unwrap(), TableMode::Logged);
+/// assert_eq!("Logged-Async-Commit".parse::<TableMode>().unwrap(), TableMode::LoggedAsyncCommit);
+/// assert!("fast".parse::<TableMode>().is_err());
+/// ```
+impl FromStr for TableMode {
+    type Err = PostgresStoreError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let name = text.trim().to_ascii_lowercase().replace('-', "_");
+        [
+            TableMode::Unlogged,
+            TableMode::Logged,
+            TableMode::LoggedAsyncCommit,
+        ]
+        .into_iter()
+        .find(|mode| mode.name() == name)
+        .ok_or_else(|| PostgresStoreError::UnknownTableMode(text.to_owned()))
     }
 }
 
