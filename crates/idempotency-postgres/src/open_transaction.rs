@@ -343,11 +343,20 @@ impl<D: Driver> StoreCore<D> {
     }
 }
 
-/// Implements `StoreTransaction` for `$tx`, a newtype over `OpenTransaction`, and
+/// Implements `Debug` and `StoreTransaction` for `$tx`, a newtype over `OpenTransaction`, and
 /// `TransactionalStore` for `$store`, whose `inner` is an `Arc<StoreCore<_>>`, handing out
 /// `$tx`.
 macro_rules! transactions_on_core {
     ($store:ty, $tx:ident) => {
+        impl std::fmt::Debug for $tx {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($tx))
+                    .field("table", &self.0.table())
+                    .field("open", &self.0.is_open())
+                    .finish_non_exhaustive()
+            }
+        }
+
         #[async_trait::async_trait]
         impl idempotency_core::StoreTransaction for $tx {
             async fn complete_and_commit(

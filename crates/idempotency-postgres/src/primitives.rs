@@ -162,9 +162,47 @@ impl<D: Driver> StoreCore<D> {
 
 /// Implements `IdempotencyStore` for a store type whose `inner` is an `Arc<StoreCore<_>>`: each
 /// primitive is the core's, and `transactional()` offers the store itself when transactions are
-/// on.
+/// on; and the accessors both drivers' stores offer (`table_mode`, `statements`, `schema`,
+/// `table_name`, `state_losses`, `Debug`).
 macro_rules! store_on_core {
-    ($store:ty) => {
+    ($store:ident) => {
+        impl std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("table", &self.inner.table.name.qualified())
+                    .field("mode", &self.inner.table.mode)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $store {
+            /// The table mode.
+            pub fn table_mode(&self) -> $crate::TableMode {
+                self.inner.table.mode
+            }
+
+            /// The SQL of each store step, as rendered for this table (for `EXPLAIN` and for
+            /// DBAs); the same text on both drivers.
+            pub fn statements(&self) -> $crate::StatementsSql<'_> {
+                self.inner.table.statements.sql()
+            }
+
+            /// The schema of the table.
+            pub fn schema(&self) -> &str {
+                &self.inner.table.name.schema
+            }
+
+            /// The quoted, schema-qualified table name.
+            pub fn table_name(&self) -> String {
+                self.inner.table.name.qualified()
+            }
+
+            /// How many times this store found its table emptied (see `check_state`).
+            pub fn state_losses(&self) -> u64 {
+                self.inner.table.watch.losses.count()
+            }
+        }
+
         #[async_trait::async_trait]
         impl idempotency_core::IdempotencyStore for $store {
             fn backend(&self) -> &'static str {

@@ -58,7 +58,8 @@ impl TableSettings {
     }
 }
 
-/// The builder methods that name and shape the table, the same on both drivers' builders
+/// The builder methods that name and shape the table, and render its migrations, the same on
+/// both drivers' builders
 /// (each has a `table: TableSettings` field); called inside their `impl` blocks.
 macro_rules! table_setters {
     () => {
@@ -88,6 +89,12 @@ macro_rules! table_setters {
         pub fn purge_schedule(mut self, schedule: impl Into<String>) -> Self {
             self.table.purge_schedule = schedule.into();
             self
+        }
+
+        /// The SQL the store's `migrate()` would apply (the same on both drivers), for teams
+        /// that run their own migration tool. It does not connect.
+        pub fn migration_sql(&self) -> Result<String, $crate::PostgresStoreError> {
+            $crate::migrate::migration_sql(&self.table)
         }
     };
 }

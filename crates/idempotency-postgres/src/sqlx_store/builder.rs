@@ -53,12 +53,6 @@ impl SqlxPostgresStoreBuilder {
         self
     }
 
-    /// The SQL [`SqlxPostgresStore::migrate`] would apply (the same as the tokio-postgres
-    /// flavour's), for teams that run their own migration tool. It does not connect.
-    pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
-        crate::migrate::migration_sql(&self.table)
-    }
-
     /// Checks that the server is a writer and, for [`TableMode::LoggedAsyncCommit`](crate::TableMode::LoggedAsyncCommit), that the
     /// pool's commits are asynchronous; then checks the state sentinel once (a table emptied
     /// since it was migrated counts as a loss).

@@ -7,8 +7,7 @@ use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, dr
 use crate::error::BACKEND;
 use crate::error::{PostgresStoreError, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
-use crate::schema::StatementsSql;
-use crate::schema::{Sql, TableMode};
+use crate::schema::Sql;
 use crate::status::{self, RecordTimes, StoreStatus};
 use crate::{MigrationReport, migrate};
 use async_trait::async_trait;
@@ -16,7 +15,6 @@ use idempotency_core::{IdempotencyKey, Scope, StoreError};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgPool, Postgres, Row};
-use std::fmt;
 use std::sync::Arc;
 
 /// The driver: the application's pool.
@@ -48,40 +46,10 @@ pub struct SqlxPostgresStore {
     pub(crate) inner: Arc<SqlxInner>,
 }
 
-impl fmt::Debug for SqlxPostgresStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqlxPostgresStore")
-            .field("table", &self.inner.table.name.qualified())
-            .field("mode", &self.inner.table.mode)
-            .finish_non_exhaustive()
-    }
-}
-
 impl SqlxPostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &PgPool {
         &self.inner.driver.pool
-    }
-
-    /// The table mode.
-    pub fn table_mode(&self) -> TableMode {
-        self.inner.table.mode
-    }
-
-    /// The SQL of each store step, as rendered for this table: the same text
-    /// `PostgresStore::statements` returns.
-    pub fn statements(&self) -> StatementsSql<'_> {
-        self.inner.table.statements.sql()
-    }
-
-    /// The schema of the table.
-    pub fn schema(&self) -> &str {
-        &self.inner.table.name.schema
-    }
-
-    /// The quoted, schema-qualified table name.
-    pub fn table_name(&self) -> String {
-        self.inner.table.name.qualified()
     }
 
     /// Creates the table and index if missing and schedules the pg_cron purge job where pg_cron
@@ -131,12 +99,6 @@ impl SqlxPostgresStore {
             key,
         )
         .await
-    }
-
-    /// How many times this store found its table emptied (see
-    /// [`SqlxPostgresStore::check_state`]).
-    pub fn state_losses(&self) -> u64 {
-        self.inner.table.watch.losses.count()
     }
 }
 

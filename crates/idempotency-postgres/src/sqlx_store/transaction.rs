@@ -5,7 +5,6 @@
 use super::store::{SqlxDriver, SqlxPostgresStore};
 use crate::open_transaction::{OpenTransaction, transactions_on_core};
 use sqlx::PgConnection;
-use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 /// A request's [`sqlx::Transaction`] on the store's pool: the handler's writes and its stored
@@ -41,15 +40,6 @@ use std::ops::{Deref, DerefMut};
 /// request: sqlx sends `BEGIN` and `COMMIT` on their own, where tokio-postgres pipelines them
 /// with the store's check and completion. The transaction runs at READ COMMITTED.
 pub struct SqlxTransaction(pub(crate) OpenTransaction<SqlxDriver>);
-
-impl fmt::Debug for SqlxTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqlxTransaction")
-            .field("table", &self.0.table())
-            .field("open", &self.0.is_open())
-            .finish_non_exhaustive()
-    }
-}
 
 impl Deref for SqlxTransaction {
     type Target = PgConnection;

@@ -87,12 +87,6 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The SQL [`PostgresStore::migrate`] would apply, for teams that run their own migration
-    /// tool. It does not connect.
-    pub fn migration_sql(&self) -> Result<String, PostgresStoreError> {
-        crate::migrate::migration_sql(&self.table)
-    }
-
     /// Builds the pool (for a URL), checks that the server is a writer and, for
     /// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
     pub async fn build(self) -> Result<PostgresStore, PostgresStoreError> {

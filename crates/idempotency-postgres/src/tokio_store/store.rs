@@ -7,13 +7,11 @@ use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, dr
 use crate::error::PostgresStoreError;
 use crate::error::{BACKEND, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
-use crate::schema::StatementsSql;
-use crate::schema::{Sql, TableMode};
+use crate::schema::Sql;
 use crate::status::{self, RecordTimes, StoreStatus};
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idempotency_core::{IdempotencyKey, Scope, StoreError};
-use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,30 +69,10 @@ pub struct PostgresStore {
     pub(crate) inner: Arc<Inner>,
 }
 
-impl fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore")
-            .field("table", &self.inner.table.name.qualified())
-            .field("mode", &self.inner.table.mode)
-            .finish_non_exhaustive()
-    }
-}
-
 impl PostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &Pool {
         &self.inner.driver.pool
-    }
-
-    /// The table mode.
-    pub fn table_mode(&self) -> TableMode {
-        self.inner.table.mode
-    }
-
-    /// The SQL of each store step, as rendered for this table (for `EXPLAIN`, for DBAs, and for
-    /// the benchmark that runs the same statements without the library).
-    pub fn statements(&self) -> StatementsSql<'_> {
-        self.inner.table.statements.sql()
     }
 
     /// Checks that the table still holds what it held: returns `true` (and logs an error and
@@ -129,21 +107,6 @@ impl PostgresStore {
     ) -> Result<Option<RecordTimes>, PostgresStoreError> {
         let client = self.inner.driver.pool.get().await?;
         status::read_record_times(&mut TokioSession(&**client), &self.inner.table, scope, key).await
-    }
-
-    /// How many times this store found its table emptied (see [`PostgresStore::check_state`]).
-    pub fn state_losses(&self) -> u64 {
-        self.inner.table.watch.losses.count()
-    }
-
-    /// The schema of the table.
-    pub fn schema(&self) -> &str {
-        &self.inner.table.name.schema
-    }
-
-    /// The quoted, schema-qualified table name.
-    pub fn table_name(&self) -> String {
-        self.inner.table.name.qualified()
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {

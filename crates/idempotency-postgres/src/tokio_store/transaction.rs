@@ -5,7 +5,6 @@
 use super::store::{PostgresStore, TokioDriver};
 use crate::open_transaction::{OpenTransaction, transactions_on_core};
 use deadpool_postgres::ClientWrapper;
-use std::fmt;
 use std::ops::Deref;
 
 /// A request's transaction on the PostgreSQL store's pool: the handler's writes and its stored
@@ -36,15 +35,6 @@ use std::ops::Deref;
 /// The transaction runs at PostgreSQL's default isolation, READ COMMITTED (the store's check is
 /// its first statement, so it cannot be changed afterwards).
 pub struct PgTransaction(pub(crate) OpenTransaction<TokioDriver>);
-
-impl fmt::Debug for PgTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgTransaction")
-            .field("table", &self.0.table())
-            .field("open", &self.0.is_open())
-            .finish_non_exhaustive()
-    }
-}
 
 impl Deref for PgTransaction {
     type Target = ClientWrapper;
