@@ -32,6 +32,11 @@ pub enum PgVariant {
     /// (`BEGIN` pipelined with a plain lookup; the task; a plain `INSERT` of the key, whose unique
     /// violation aborts the transaction, pipelined with `COMMIT`): the SQL floor of the mode.
     HandWritten,
+    /// No layer, no read: `BEGIN` pipelined with the task (not awaited first), then a plain
+    /// `INSERT` of the completed key pipelined with `COMMIT`; a duplicate's insert fails on the
+    /// unique index, which rolls its writes back, and it answers the stored record. Two round
+    /// trips for a fresh key: what an optimistic mode without a lookup would cost.
+    HandWrittenNoRead,
     /// Behind the layer in `mode`, its `INSERT` in the request's `Tx`, keys in a `table` table.
     Layer {
         /// How the key is held.
@@ -43,10 +48,11 @@ pub enum PgVariant {
 
 impl PgVariant {
     /// Every variant the comparison runs, the reference (bare transaction) first.
-    pub const ALL: [PgVariant; 8] = [
+    pub const ALL: [PgVariant; 11] = [
         PgVariant::BareTransaction,
         PgVariant::BareAutocommit,
         PgVariant::HandWritten,
+        PgVariant::HandWrittenNoRead,
         PgVariant::Layer {
             mode: ClaimMode::Lease,
             table: TableMode::Unlogged,
@@ -67,6 +73,14 @@ impl PgVariant {
             mode: ClaimMode::OneTransaction,
             table: TableMode::Logged,
         },
+        PgVariant::Layer {
+            mode: ClaimMode::OneTransactionSpeculative,
+            table: TableMode::Unlogged,
+        },
+        PgVariant::Layer {
+            mode: ClaimMode::OneTransactionSpeculative,
+            table: TableMode::Logged,
+        },
     ];
 
     /// Its name on the command line and in tables.
@@ -75,6 +89,15 @@ impl PgVariant {
             PgVariant::BareAutocommit => "bare-autocommit",
             PgVariant::BareTransaction => "bare-transaction",
             PgVariant::HandWritten => "hand-written-one-transaction",
+            PgVariant::HandWrittenNoRead => "hand-written-no-read",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransactionSpeculative,
+                table: TableMode::Logged,
+            } => "speculative-logged",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransactionSpeculative,
+                ..
+            } => "speculative-unlogged",
             PgVariant::Layer {
                 mode: ClaimMode::OneTransaction,
                 table: TableMode::Logged,
@@ -106,10 +129,15 @@ impl PgVariant {
             PgVariant::BareAutocommit => "1",
             PgVariant::BareTransaction => "3 (BEGIN, INSERT, COMMIT)",
             PgVariant::HandWritten => "3 (BEGIN + key lookup, INSERT, key insert + COMMIT)",
+            PgVariant::HandWrittenNoRead => "2 (BEGIN + INSERT, key insert + COMMIT)",
             PgVariant::Layer {
                 mode: ClaimMode::OneTransaction,
                 ..
             } => "3 (BEGIN + key lookup, INSERT, key insert + COMMIT)",
+            PgVariant::Layer {
+                mode: ClaimMode::OneTransactionSpeculative,
+                ..
+            } => "2 (BEGIN + key lookup + INSERT, key insert + COMMIT)",
             PgVariant::Layer { .. } => "4 (claim, BEGIN + check, INSERT, completion + COMMIT)",
         }
     }

@@ -139,6 +139,74 @@ pub(super) async fn hand_written(
     Ok((StatusCode::CREATED, Json(answer)))
 }
 
+/// No lookup: `BEGIN` and the task in one round trip, the key's insert and `COMMIT` in the
+/// next; a duplicate's insert fails on the unique index (its writes roll back) and it answers
+/// the stored record.
+pub(super) async fn hand_written_no_read(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(&headers, &body);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or(StatusCode::BAD_REQUEST)?
+        .to_owned();
+    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
+    let client = app
+        .pool
+        .get()
+        .await
+        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
+    let insert_key = client
+        .prepare_cached(&format!(
+            "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
+    let task_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &title];
+    let (begun, inserted) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_one(&task, &task_params)
+    );
+    begun.map_err(unavailable)?;
+    let id: i64 = inserted.map_err(unavailable)?.get(0);
+    let answer = serde_json::json!({ "id": id, "title": title });
+    let stored = serde_json::to_vec(&answer).unwrap_or_default();
+    let hash = [0u8; 33];
+    let (hash, status) = (&hash[..], 201i32);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&user, &key, &hash, &status, &stored];
+    let (inserted, committed) = tokio::join!(
+        client.execute(&insert_key, &key_params),
+        client.batch_execute("COMMIT")
+    );
+    if inserted.is_err() {
+        // A duplicate: its writes rolled back with the COMMIT; answer the stored record.
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT response FROM {} WHERE user_id = $1 AND key = $2",
+                    app.keys
+                ),
+                &[&user, &key],
+            )
+            .await
+            .map_err(unavailable)?;
+        let stored: Vec<u8> = row.get(0);
+        return Ok((
+            StatusCode::CREATED,
+            Json(serde_json::from_slice(&stored).unwrap_or_default()),
+        ));
+    }
+    committed.map_err(unavailable)?;
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
 pub(super) async fn in_tx(
     tx: Tx<PgTransaction>,
     headers: HeaderMap,
@@ -159,7 +227,7 @@ pub(super) async fn in_tx(
 pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, String> {
     let table = match variant {
         PgVariant::Layer { table, .. } => table,
-        PgVariant::HandWritten => TableMode::Logged,
+        PgVariant::HandWritten | PgVariant::HandWrittenNoRead => TableMode::Logged,
         _ => TableMode::Unlogged,
     };
     let store = PostgresStore::builder(url)
@@ -184,6 +252,13 @@ pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, S
         }
         PgVariant::HandWritten => Router::new()
             .route("/tasks", post(hand_written))
+            .with_state(App {
+                pool: store.pool().clone(),
+                autocommit: false,
+                keys: store.table_name(),
+            }),
+        PgVariant::HandWrittenNoRead => Router::new()
+            .route("/tasks", post(hand_written_no_read))
             .with_state(App {
                 pool: store.pool().clone(),
                 autocommit: false,

@@ -249,18 +249,24 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             lease: guard.lease().clone(),
             transaction: guard.transaction().cloned(),
         };
+        // A released key may turn out another's (the speculative mode settles it only now):
+        // then its answer, not the work's error.
         let value = match work(context).await {
             Ok(value) => value,
             Err(error) => {
-                guard.release().await;
-                return Err(OnceError::Work(error));
+                return match guard.release().await {
+                    Completion::Superseded(superseded) => superseded_outcome(superseded),
+                    _ => Err(OnceError::Work(error)),
+                };
             }
         };
         let body = match serde_json::to_vec(&value) {
             Ok(body) => Bytes::from(body),
             Err(error) => {
-                guard.release().await;
-                return Err(OnceError::Output(error));
+                return match guard.release().await {
+                    Completion::Superseded(superseded) => superseded_outcome(superseded),
+                    _ => Err(OnceError::Output(error)),
+                };
             }
         };
         let completion = guard.store_outcome(value_record(body), false).await;
@@ -272,12 +278,19 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Completion::RolledBack(cause) => Err(OnceError::NotCommitted(cause)),
             Completion::OutcomeUnknown => Err(OnceError::OutcomeUnknown),
             Completion::TransactionMisused => Err(OnceError::TransactionMisused),
-            Completion::Superseded(Superseded::Replay(stored)) => replayed(&stored),
-            Completion::Superseded(Superseded::Mismatch) => Err(OnceError::Mismatch),
-            Completion::Superseded(Superseded::InFlight { retry_after }) => {
-                Err(OnceError::InFlight { retry_after })
-            }
+            Completion::Superseded(superseded) => superseded_outcome(superseded),
         }
+    }
+}
+
+/// The answer of a call whose key another's record or transaction holds.
+fn superseded_outcome<T: DeserializeOwned, E>(
+    superseded: Superseded,
+) -> Result<Outcome<T>, OnceError<E>> {
+    match superseded {
+        Superseded::Replay(stored) => replayed(&stored),
+        Superseded::Mismatch => Err(OnceError::Mismatch),
+        Superseded::InFlight { retry_after } => Err(OnceError::InFlight { retry_after }),
     }
 }
 

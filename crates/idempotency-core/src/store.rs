@@ -8,7 +8,9 @@
 pub use crate::error::CorruptRecord;
 pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};
 pub use crate::state_loss::StateLoss;
-pub use crate::transaction::{CommitOutcome, KeyedBegin, StoreTransaction, TransactionalStore};
+pub use crate::transaction::{
+    CommitOutcome, KeyedBegin, Settled, StoreTransaction, TransactionalStore,
+};
 
 use crate::{Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse};
 use std::sync::Arc;

@@ -74,6 +74,39 @@ pub trait TransactionalStore: Send + Sync {
                 .into(),
         })
     }
+
+    /// The speculative one-transaction mode
+    /// ([`ClaimMode::OneTransactionSpeculative`](crate::ClaimMode::OneTransactionSpeculative)):
+    /// as [`TransactionalStore::begin_keyed`], but without waiting for the lookup: the store
+    /// queues `BEGIN` and the lookup on a connection and answers [`KeyedBegin::Absent`] at once,
+    /// so that the handler's first statement follows them in the same round trip. The lookup
+    /// must abort the transaction when it finds the key taken, before any statement queued
+    /// after it runs; [`StoreTransaction::settle`] then says what it found. The default is
+    /// [`TransactionalStore::begin_keyed`] (a store that cannot queue the lookup).
+    async fn begin_keyed_speculative(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+    ) -> Result<KeyedBegin, StoreError> {
+        self.begin_keyed(scope, key, fingerprint, token).await
+    }
+}
+
+/// What the key's lookup of a speculative transaction found
+/// ([`StoreTransaction::settle`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// The key is free and this transaction holds its lock: the handler's writes stand, and
+    /// the completion inserts the record at commit.
+    Proceed,
+    /// The key has a live record: the transaction was rolled back (none of the handler's
+    /// writes exist).
+    Existing(Record),
+    /// A duplicate's transaction held the key: the transaction was rolled back.
+    Busy,
 }
 
 /// What [`TransactionalStore::begin_keyed`] found.
@@ -152,6 +185,15 @@ pub trait StoreTransaction: Send + Sync + 'static {
 
     /// Rolls the transaction back: none of its writes exist afterwards.
     async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// For a transaction of [`TransactionalStore::begin_keyed_speculative`]: waits for the
+    /// key's lookup and says what it found; on anything but [`Settled::Proceed`] the
+    /// transaction is rolled back. The engine calls it before it completes or releases such a
+    /// transaction. The default (a transaction whose lookup was answered before it was handed
+    /// out): [`Settled::Proceed`].
+    async fn settle(&mut self) -> Result<Settled, StoreError> {
+        Ok(Settled::Proceed)
+    }
 
     /// `self` as `Any`, so [`TransactionSlot::open`] can hand the handler the concrete type.
     fn as_any_mut(&mut self) -> &mut dyn Any;

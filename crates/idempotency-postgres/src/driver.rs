@@ -228,11 +228,16 @@ pub(crate) fn record_from_row<R: DriverRow>(row: &R, offset: usize) -> Result<Re
     .into_record()
 }
 
+/// The rows of a statement sent ahead, still on their way ([`Driver::begin_queued`]); a
+/// dropped sender (the task that read them ended without an answer) reads as a lost
+/// connection.
+pub(crate) type PendingRows<R> = tokio::sync::oneshot::Receiver<Result<Vec<R>, DriverError>>;
+
 /// A PostgreSQL driver under the store.
 #[async_trait]
 pub(crate) trait Driver: Send + Sync + 'static {
     /// A row of a result.
-    type Row: DriverRow;
+    type Row: DriverRow + 'static;
     /// A connection inside a transaction the store opened. Dropped before it ended, it rolls
     /// back before its connection is used again.
     type Tx: Send + Sync + 'static;
@@ -262,6 +267,29 @@ pub(crate) trait Driver: Send + Sync + 'static {
         sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<(Self::Tx, Vec<Self::Row>), DriverError>;
+
+    /// Whether [`Driver::begin_queued`] hands the transaction out before the server answered
+    /// (else the store does not speculate on this driver).
+    fn queues_statements(&self) -> bool {
+        false
+    }
+
+    /// Begins a transaction on a pooled connection with `sql` first in it, without waiting
+    /// for either: both are on their way to the server when this returns, so statements sent
+    /// on the transaction afterwards run after them, in the same round trip. The statement's
+    /// rows come through the returned future. By default, [`Driver::begin_with`], its rows
+    /// handed over already answered.
+    async fn begin_queued(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<(Self::Tx, PendingRows<Self::Row>), DriverError> {
+        let (tx, rows) = self.begin_with(sql, params).await?;
+        let (answer, pending) = tokio::sync::oneshot::channel();
+        // The receiver is right here.
+        let _ = answer.send(Ok(rows));
+        Ok((tx, pending))
+    }
 
     /// Runs `sql` in `tx`, then `COMMIT` (pipelined where the driver can: one round trip). A
     /// failed statement aborts the transaction, so nothing commits. The statement's result,

@@ -4,10 +4,12 @@
 //! their driver's handle.
 
 use crate::driver::{
-    DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
+    DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows, UNIQUE_VIOLATION,
+    record_from_row,
 };
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
+use idempotency_core::store::Settled;
 use idempotency_core::{
     CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope,
     StoreError, StoredResponse,
@@ -41,6 +43,9 @@ pub(crate) struct OpenTransaction<D: Driver> {
     /// In the one-transaction mode, what the completion inserts; `None` in the lease mode,
     /// where the claim's record is completed.
     keyed: Option<Keyed>,
+    /// In the speculative mode, the key's lookup until it is settled (its answer sets `xid`
+    /// and `keyed`).
+    lookup: Option<PendingRows<D::Row>>,
 }
 
 /// What [`StoreCore::begin_keyed`] found (the driver-generic `KeyedBegin`).
@@ -48,6 +53,20 @@ pub(crate) enum Begun<D: Driver> {
     Absent(OpenTransaction<D>),
     Existing(Record),
     Busy,
+}
+
+impl<D: Driver> Begun<D> {
+    /// As core's `KeyedBegin`, the transaction wrapped by `wrap` (the driver's handle type).
+    pub(crate) fn keyed_begin(
+        self,
+        wrap: impl FnOnce(OpenTransaction<D>) -> Box<dyn idempotency_core::StoreTransaction>,
+    ) -> idempotency_core::KeyedBegin {
+        match self {
+            Begun::Absent(tx) => idempotency_core::KeyedBegin::Absent(wrap(tx)),
+            Begun::Existing(record) => idempotency_core::KeyedBegin::Existing(record),
+            Begun::Busy => idempotency_core::KeyedBegin::Busy,
+        }
+    }
 }
 
 impl<D: Driver> OpenTransaction<D> {
@@ -87,8 +106,59 @@ impl<D: Driver> OpenTransaction<D> {
         })
     }
 
+    /// Speculative mode: waits for the key's lookup (see
+    /// [`StoreTransaction::settle`](idempotency_core::StoreTransaction::settle)). A lookup
+    /// that found the key taken aborted the transaction: it is rolled back, and the key's
+    /// record read on another connection (none live: a duplicate's transaction is open).
+    pub(crate) async fn settle(&mut self) -> Result<Settled, StoreError> {
+        let Some(lookup) = self.lookup.take() else {
+            return Ok(Settled::Proceed);
+        };
+        let answer = lookup.await.unwrap_or_else(|_| {
+            Err(DriverError {
+                sqlstate: None,
+                error: StoreError::from_failure(
+                    BACKEND,
+                    true,
+                    "the key's lookup ended without an answer",
+                ),
+            })
+        });
+        match answer {
+            Ok(rows) => {
+                let Some(row) = rows.first() else {
+                    self.rollback().await?;
+                    return Err(StoreError::corrupt(
+                        BACKEND,
+                        CorruptRecord::Field("the key's lookup returned no row"),
+                    ));
+                };
+                let began = row.float8(0)?;
+                let takeover = row.bool(1)?;
+                self.xid = row.int8(2)?;
+                if let Some(keyed) = &mut self.keyed {
+                    keyed.began = began;
+                    keyed.takeover = takeover;
+                }
+                Ok(Settled::Proceed)
+            }
+            Err(error) if error.is(DIVISION_BY_ZERO) => {
+                self.rollback().await?;
+                Ok(match self.core.get(&self.scope, &self.key).await? {
+                    Some(record) => Settled::Existing(record),
+                    None => Settled::Busy,
+                })
+            }
+            Err(error) => {
+                self.rollback().await?;
+                Err(error.into())
+            }
+        }
+    }
+
     /// Rolls the transaction back.
     pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
+        self.lookup = None;
         match self.tx.take() {
             Some(tx) => Ok(self.core.driver.rollback(tx).await?),
             None => Ok(()),
@@ -102,6 +172,13 @@ impl<D: Driver> OpenTransaction<D> {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
+        // A speculative transaction the engine did not settle first.
+        match self.settle().await? {
+            Settled::Proceed => {}
+            Settled::Existing(record) => return Ok(CommitOutcome::Superseded(record)),
+            // Busy: rolled back, none of the writes stand.
+            _ => return Ok(CommitOutcome::LeaseLost),
+        }
         match self.keyed {
             Some(keyed) => self.insert_and_commit(keyed, response, retention).await,
             None => self.update_and_commit(response, retention).await,
@@ -292,6 +369,7 @@ impl<D: Driver> StoreCore<D> {
             token,
             xid,
             keyed: None,
+            lookup: None,
         }))
     }
 
@@ -339,6 +417,43 @@ impl<D: Driver> StoreCore<D> {
                 takeover: live == Some(false),
                 began,
             }),
+            lookup: None,
+        }))
+    }
+
+    /// Speculative one-transaction mode (see
+    /// [`TransactionalStore::begin_keyed_speculative`](idempotency_core::TransactionalStore::begin_keyed_speculative)):
+    /// `BEGIN` and the aborting lookup are queued, and the transaction handed out at once. On
+    /// a driver that cannot queue them, [`StoreCore::begin_keyed`].
+    pub(crate) async fn begin_keyed_speculative(
+        self: &Arc<Self>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+    ) -> Result<Begun<D>, StoreError> {
+        if !self.driver.queues_statements() {
+            return self.begin_keyed(scope, key, fingerprint, token).await;
+        }
+        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        let (tx, lookup) = self
+            .driver
+            .begin_queued(&self.table.statements.keyed_lookup, &params)
+            .await?;
+        Ok(Begun::Absent(OpenTransaction {
+            tx: Some(tx),
+            core: Arc::clone(self),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            // Both set when the lookup is settled.
+            xid: 0,
+            keyed: Some(Keyed {
+                fingerprint: *fingerprint,
+                takeover: false,
+                began: 0.0,
+            }),
+            lookup: Some(lookup),
         }))
     }
 }
@@ -369,6 +484,12 @@ macro_rules! transactions_on_core {
 
             async fn rollback(mut self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
                 self.0.rollback().await
+            }
+
+            async fn settle(
+                &mut self,
+            ) -> Result<idempotency_core::store::Settled, idempotency_core::StoreError> {
+                self.0.settle().await
             }
 
             fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
@@ -402,20 +523,25 @@ macro_rules! transactions_on_core {
                 fingerprint: &idempotency_core::Fingerprint,
                 token: idempotency_core::LeaseToken,
             ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
-                use $crate::open_transaction::Begun;
-                Ok(
-                    match self
-                        .inner
-                        .begin_keyed(scope, key, fingerprint, token)
-                        .await?
-                    {
-                        Begun::Absent(tx) => {
-                            idempotency_core::KeyedBegin::Absent(Box::new($tx(tx)))
-                        }
-                        Begun::Existing(record) => idempotency_core::KeyedBegin::Existing(record),
-                        Begun::Busy => idempotency_core::KeyedBegin::Busy,
-                    },
-                )
+                let begun = self
+                    .inner
+                    .begin_keyed(scope, key, fingerprint, token)
+                    .await?;
+                Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
+            }
+
+            async fn begin_keyed_speculative(
+                &self,
+                scope: &idempotency_core::Scope,
+                key: &idempotency_core::IdempotencyKey,
+                fingerprint: &idempotency_core::Fingerprint,
+                token: idempotency_core::LeaseToken,
+            ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
+                let begun = self
+                    .inner
+                    .begin_keyed_speculative(scope, key, fingerprint, token)
+                    .await?;
+                Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
             }
         }
     };

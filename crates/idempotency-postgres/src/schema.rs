@@ -73,6 +73,7 @@ pub(crate) struct Statements {
     /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
     /// without waiting, marks the transaction, reads the live record.
     pub(crate) keyed_begin: Sql,
+    pub(crate) keyed_lookup: Sql,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
     /// a unique violation (another request's record) or a missing mark aborts the transaction.
     pub(crate) keyed_insert: Sql,
@@ -308,6 +309,23 @@ impl Statements {
                      FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
                                   {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",
+                    seed = lock_seed(name),
+                ),
+                KEY,
+            ),
+            // The speculative mode's lookup, queued right behind `BEGIN` with the handler's
+            // statements behind it: the same lock and reads as `keyed_begin`, but when the key
+            // is taken (a live row, or the lock held by a duplicate) the division by zero
+            // aborts the transaction before anything queued after it runs. Otherwise one row:
+            // the transaction's start, whether an expired row is to be taken over, the
+            // transaction's id.
+            keyed_lookup: Sql::new(
+                format!(
+                    "SELECT l.began, r.expires_at IS NOT NULL, {XID}{synchronous} \
+                     FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
+                                  {BEGAN}) AS l(locked, began) \
+                     LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2 \
+                     WHERE 1 / (l.locked AND (r.expires_at > now()) IS NOT TRUE)::int = 1",
                     seed = lock_seed(name),
                 ),
                 KEY,

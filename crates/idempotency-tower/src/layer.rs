@@ -5,7 +5,7 @@ mod settings;
 use crate::config::{ScopeSource, Settings, Shared};
 use crate::service::IdempotencyService;
 use http::request::Parts;
-use idempotency_core::{ClaimMode, Engine, EngineConfig, IdempotencyStore, Scope};
+use idempotency_core::{Engine, EngineConfig, IdempotencyStore, Scope};
 use std::fmt;
 use std::sync::Arc;
 use tower_layer::Layer;
@@ -269,7 +269,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
                 .store_timeout
                 .min(self.engine.lease / EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS);
         }
-        if self.engine.claim_mode == ClaimMode::OneTransaction
+        if self.engine.claim_mode.is_one_transaction()
             && !self
                 .store
                 .transactional()

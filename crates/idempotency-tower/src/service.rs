@@ -119,6 +119,24 @@ fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> 
     render(&problem.refusal(shared.settings.profile), &shared.render)
 }
 
+/// What a request answers when its key turned out another's as its guard ended: a duplicate
+/// completed first (its writes rolled back), or, in the speculative mode, the key's lookup
+/// found it taken (the handler's statements were refused).
+fn superseded<S>(shared: &Shared<S>, superseded: Superseded) -> Response<IdempotencyBody> {
+    match superseded {
+        Superseded::Replay(stored) => replay(stored, &shared.settings.replay_header),
+        Superseded::Mismatch => answer(shared, Problem::Mismatch),
+        Superseded::InFlight { retry_after } => answer(shared, Problem::InFlight { retry_after }),
+        // A cause this version does not know: the retry finds out.
+        _ => answer(
+            shared,
+            Problem::InFlight {
+                retry_after: RETRY_AFTER,
+            },
+        ),
+    }
+}
+
 async fn handle<Inner, S, B, ResB>(
     mut inner: Inner,
     shared: Arc<Shared<S>>,
@@ -264,7 +282,9 @@ where
             let response = match inner.call(request).await {
                 Ok(response) => response,
                 Err(e) => {
-                    let _ = guard.release().await;
+                    if let Completion::Superseded(other) = guard.release().await {
+                        return Ok(superseded(&shared, other));
+                    }
                     return Err(e);
                 }
             };
@@ -273,7 +293,9 @@ where
                 // The library answered inside the handler (a refused `Tx`): never the key's
                 // result. The key is released, so the retry runs; the answer is rendered the
                 // way the layer renders every refusal.
-                let _ = guard.release().await;
+                if let Completion::Superseded(other) = guard.release().await {
+                    return Ok(superseded(&shared, other));
+                }
                 return Ok(answer(&shared, problem.clone()));
             }
             let policy = &shared.settings.replay_policy;
@@ -284,7 +306,9 @@ where
                 // The policy does not keep this status, or the handler said not to: its
                 // transaction rolls back and the key is released, so the retry runs on a clean
                 // slate.
-                let _ = guard.release().await;
+                if let Completion::Superseded(other) = guard.release().await {
+                    return Ok(superseded(&shared, other));
+                }
                 return Ok(Response::from_parts(parts, boxed(body)));
             }
             let cap = shared.settings.max_stored_body;
@@ -299,7 +323,9 @@ where
                 ),
                 Err(error) => {
                     tracing::warn!(error = %ErrorChain(&*error), "the handler's response body failed; releasing the key");
-                    let _ = guard.release().await;
+                    if let Completion::Superseded(other) = guard.release().await {
+                        return Ok(superseded(&shared, other));
+                    }
                     return Ok(refuse(
                         &shared,
                         &route,
@@ -318,15 +344,8 @@ where
                     retry_after: RETRY_AFTER,
                 },
                 Completion::TransactionMisused => Problem::TransactionMisused,
-                // A duplicate completed first and this request's writes rolled back: it is
-                // answered as that duplicate's retry would be.
-                Completion::Superseded(Superseded::Replay(stored)) => {
-                    return Ok(replay(stored, &shared.settings.replay_header));
-                }
-                Completion::Superseded(Superseded::Mismatch) => Problem::Mismatch,
-                Completion::Superseded(Superseded::InFlight { retry_after }) => {
-                    Problem::InFlight { retry_after }
-                }
+                // Answered as the record's or the duplicate's retry would be.
+                Completion::Superseded(other) => return Ok(superseded(&shared, other)),
                 _ => return Ok(Response::from_parts(parts, body)),
             };
             Ok(self::answer(&shared, answer))

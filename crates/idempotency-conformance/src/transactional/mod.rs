@@ -20,7 +20,7 @@ pub use once::*;
 use crate::cases::{LONG, fingerprint, response};
 use idempotency_core::{
     Begin, BoxError, ClaimMode, Completion, Engine, EngineConfig, Guard, IdempotencyStore,
-    TransactionSlot,
+    StoredResponse, Superseded, TransactionSlot,
 };
 use std::time::Duration;
 use tokio::time::Instant;
@@ -99,49 +99,107 @@ pub(super) async fn write<H: TransactionalHarness>(
         .expect("write in the request's transaction");
 }
 
-/// Begins `key` again until it proceeds (the key was freed in the background), within
-/// [`SETTLE`].
-pub(super) async fn proceeds_again<S: IdempotencyStore + 'static>(
-    engine: &Engine<S>,
+/// How a request for a key it cannot run is answered.
+#[derive(Debug)]
+pub(super) enum Answer {
+    Replay(StoredResponse),
+    InFlight(Duration),
+    Mismatch,
+}
+
+/// What a request for `(scope, key)` with the fingerprint of `body` is answered when it must
+/// not run: by `begin` itself, or, in the speculative mode (which proceeds before the key's
+/// lookup has answered), when its guard ends. Then its write is refused (the lookup aborted the
+/// transaction before it) and nothing of it stands.
+pub(super) async fn answer<H: TransactionalHarness>(
+    harness: &H,
+    engine: &Engine<H::Store>,
     scope: &idempotency_core::Scope,
     key: &idempotency_core::IdempotencyKey,
     body: &str,
-    what: &str,
-) -> Guard<S> {
-    let until = Instant::now() + SETTLE;
-    loop {
-        match engine
-            .begin(scope.clone(), key.clone(), fingerprint(body))
-            .await
-            .expect("begin")
-        {
-            Begin::Proceed(guard) => return guard,
-            Begin::InFlight { .. } if Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => panic!("{what}: the key should be free again, got {other:?}"),
+) -> Answer {
+    let begun = engine
+        .begin(scope.clone(), key.clone(), fingerprint(body))
+        .await
+        .expect("begin");
+    let completion = match begun {
+        Begin::Replay(stored) => return Answer::Replay(stored),
+        Begin::InFlight { retry_after } => return Answer::InFlight(retry_after),
+        Begin::Mismatch => return Answer::Mismatch,
+        Begin::Proceed(guard) => {
+            let tag = uuid::Uuid::new_v4().to_string();
+            let slot = guard
+                .transaction()
+                .expect("a transactional store offers the request a transaction");
+            let written = harness.write(slot, &tag).await;
+            let completion = guard.complete(response(201, b"speculative")).await;
+            assert!(
+                written.is_err(),
+                "a request for a taken key proceeded, and its write was not refused"
+            );
+            assert_eq!(harness.count(&tag).await, 0, "a refused write stands");
+            completion
         }
+    };
+    match completion {
+        Completion::Superseded(Superseded::Replay(stored)) => Answer::Replay(stored),
+        Completion::Superseded(Superseded::InFlight { retry_after }) => {
+            Answer::InFlight(retry_after)
+        }
+        Completion::Superseded(Superseded::Mismatch) => Answer::Mismatch,
+        other => panic!("a request for a taken key completed as its own: {other:?}"),
     }
 }
 
-/// The retry of a request that left nothing writes once and stores its response.
-pub(super) async fn retry_runs_once<H: TransactionalHarness>(
+/// Runs `(scope, key)` again until it proceeds (its key freed, in the background for some
+/// stores and modes) within [`SETTLE`]; its write and response then stand once. In the
+/// speculative mode a request still refused by the key's lock is told so only after its
+/// (refused) write, and tries again.
+pub(super) async fn runs_again_once<H: TransactionalHarness>(
     harness: &H,
-    retry: Guard<H::Store>,
+    engine: &Engine<H::Store>,
+    scope: &idempotency_core::Scope,
+    key: &idempotency_core::IdempotencyKey,
     tag: &str,
 ) {
-    write(harness, &retry, tag).await;
-    assert_eq!(
-        retry.complete(response(201, b"ok")).await,
-        Completion::Stored
-    );
+    let until = Instant::now() + SETTLE;
+    loop {
+        match engine
+            .begin(scope.clone(), key.clone(), fingerprint("a"))
+            .await
+            .expect("begin")
+        {
+            Begin::Proceed(guard) => {
+                let slot = guard
+                    .transaction()
+                    .expect("a transactional store offers the request a transaction");
+                let written = harness.write(slot, tag).await;
+                match guard.complete(response(201, b"ok")).await {
+                    Completion::Stored => {
+                        written.expect("the request that stored its response wrote");
+                        break;
+                    }
+                    Completion::Superseded(Superseded::InFlight { .. })
+                        if Instant::now() < until =>
+                    {
+                        assert!(written.is_err(), "a refused request's write went through");
+                    }
+                    other => panic!("the retry must run, got {other:?}"),
+                }
+            }
+            Begin::InFlight { .. } if Instant::now() < until => {}
+            other => panic!("the retry must run, got {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(harness.count(tag).await, 1, "the retry ran once");
 }
 
 /// Expands the transactional cases into `#[tokio::test]`s for one store: `$make` is an
 /// expression evaluated once per case that yields a future of a [`TransactionalHarness`], and
 /// the modes the store supports follow it: `lease`, and `one_transaction` too for a store whose
-/// `supports_one_transaction()` is true. [`TransactionalHarness::teardown`] runs after each case.
+/// `supports_one_transaction()` is true (both one-transaction modes: read first, and
+/// speculative). [`TransactionalHarness::teardown`] runs after each case.
 #[macro_export]
 macro_rules! transactional_suite {
     ($make:expr, lease) => {
@@ -154,9 +212,19 @@ macro_rules! transactional_suite {
     ($make:expr, lease, one_transaction) => {
         $crate::transactional_suite!($make, lease);
         $crate::transactional_suite!(@mode one_transaction, ::idempotency_core::ClaimMode::OneTransaction, $make);
-        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn tx_one_transaction_loser_rolls_back_and_replays() {
-            $crate::transactional_suite!(@run $make, |h| $crate::transactional::tx_one_transaction_loser_rolls_back_and_replays(h));
+        $crate::transactional_suite!(@mode speculative, ::idempotency_core::ClaimMode::OneTransactionSpeculative, $make);
+        mod one_transaction_modes {
+            use super::*;
+            $crate::transactional_suite!(@cases ::idempotency_core::ClaimMode::OneTransaction, $make,
+                tx_one_transaction_loser_rolls_back_and_replays
+            );
+        }
+        mod speculative_only {
+            use super::*;
+            $crate::transactional_suite!(@cases ::idempotency_core::ClaimMode::OneTransactionSpeculative, $make,
+                tx_one_transaction_loser_rolls_back_and_replays
+                tx_speculative_handler_of_a_taken_key_writes_nothing
+            );
         }
     };
     (@mode $name:ident, $mode:expr, $make:expr) => {

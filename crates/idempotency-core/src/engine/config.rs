@@ -96,6 +96,35 @@ pub enum ClaimMode {
     /// the key), and its token fences no stored record: it is no fencing token for a downstream
     /// system here.
     OneTransaction,
+    /// [`ClaimMode::OneTransaction`], with the key's lookup sent together with the handler's
+    /// first statement instead of a round trip before it: `BEGIN` and the lookup are queued on
+    /// the connection, the handler runs at once, and the lookup's answer is read when the
+    /// handler returns. A fresh key costs the round trips of the bare handler's
+    /// `BEGIN; ...; COMMIT` minus one (`docs/postgres.md`: the fastest mode through HTTP).
+    ///
+    /// When the lookup finds the key taken (a completed record, or a duplicate's transaction
+    /// open), it aborts the transaction before the handler's first statement runs: every
+    /// statement of the handler fails (SQLSTATE `25P02`, "current transaction is aborted"),
+    /// nothing it wrote exists, and its response is dropped for the stored one (a replay), the
+    /// mismatch answer, or "in flight". So the handler's **code** runs for every retry, up to
+    /// its first statement: use this mode only for handlers whose side effects are all writes
+    /// in the transaction, and whose code before their first statement has no effect.
+    ///
+    /// Duplicates are answered at once (a configured
+    /// [`in_flight_wait`](EngineConfig::in_flight_wait) makes the engine look the key up first,
+    /// as [`ClaimMode::OneTransaction`] does, so that it can wait). On a store that cannot queue
+    /// the lookup (sqlx, which sends `BEGIN` on its own), this is [`ClaimMode::OneTransaction`].
+    OneTransactionSpeculative,
+}
+
+impl ClaimMode {
+    /// Whether the key lives only in the request's transaction (the one-transaction modes).
+    pub fn is_one_transaction(self) -> bool {
+        matches!(
+            self,
+            ClaimMode::OneTransaction | ClaimMode::OneTransactionSpeculative
+        )
+    }
 }
 
 /// Settings of an [`Engine`](crate::Engine).

@@ -47,13 +47,17 @@ enum Hold {
     Lease,
     /// Only the request's transaction
     /// ([`ClaimMode::OneTransaction`](super::ClaimMode::OneTransaction)); a record that
-    /// superseded the request's is judged against its fingerprint.
-    Transaction(Fingerprint),
+    /// superseded the request's is judged against its fingerprint. `speculative`: the key's
+    /// lookup was not answered when the handler started; the transaction is settled first.
+    Transaction {
+        fingerprint: Fingerprint,
+        speculative: bool,
+    },
 }
 
 impl Hold {
     fn is_transaction(self) -> bool {
-        matches!(self, Hold::Transaction(_))
+        matches!(self, Hold::Transaction { .. })
     }
 }
 
@@ -92,12 +96,14 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     /// A guard of the one-transaction mode: the key is held by `tx` alone (no claim record, so
-    /// no heartbeat and nothing to release), and the response is inserted in it.
+    /// no heartbeat and nothing to release), and the response is inserted in it. `speculative`:
+    /// the key's lookup in `tx` is still on its way ([`StoreTransaction::settle`]).
     pub(crate) fn in_transaction(
         shared: Arc<Shared<S>>,
         lease: Lease,
         fingerprint: Fingerprint,
         tx: Box<dyn StoreTransaction>,
+        speculative: bool,
     ) -> Self {
         Guard {
             shared,
@@ -106,7 +112,10 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             started_driver: false,
             transaction: Some(TransactionSlot::opened(tx)),
             holding: true,
-            hold: Hold::Transaction(fingerprint),
+            hold: Hold::Transaction {
+                fingerprint,
+                speculative,
+            },
         }
     }
 
@@ -178,7 +187,11 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         // the lease lapse while it runs.
         self.lease.completing();
         let completion = match self.take_transaction().await {
-            Taken::Open { tx, used } => {
+            Taken::Open { tx, used } => 'open: {
+                let tx = match self.settle(tx).await {
+                    Ok(tx) => tx,
+                    Err(answer) => break 'open answer,
+                };
                 if !used && warn_unused && self.hold.is_transaction() {
                     tracing::warn!(
                         backend = self.shared.store.backend(),
@@ -210,7 +223,11 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     pub async fn release(mut self) -> Completion {
         self.stop_heartbeat();
         match self.take_transaction().await {
-            Taken::Open { tx, .. } => self.rollback(tx).await,
+            Taken::Open { tx, .. } => match self.settle(tx).await {
+                Ok(tx) => self.rollback(tx).await,
+                // The key was taken: the stored answer, not the handler's.
+                Err(answer) => return self.finish(answer),
+            },
             // It can never commit: only the engine commits, and it gives up on it here.
             Taken::Busy => tracing::warn!(
                 "the handler still holds its transaction; it rolls back when the handler drops it"

@@ -233,7 +233,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin<S>, StoreError> {
-        if self.shared.config.claim_mode == ClaimMode::OneTransaction {
+        if self.shared.config.claim_mode.is_one_transaction() {
             return self.begin_in_transaction(scope, key, fingerprint).await;
         }
         let config = &self.shared.config;
@@ -335,7 +335,17 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         match limiter.admit(guard.lease().scope()) {
             Ok(()) => Ok(Begin::Proceed(guard)),
             Err(retry_after) => {
-                guard.release().await;
+                // A speculative request's key may turn out used: it still replays.
+                match guard.release().await {
+                    Completion::Superseded(Superseded::Replay(stored)) => {
+                        return Ok(Begin::Replay(stored));
+                    }
+                    Completion::Superseded(Superseded::Mismatch) => return Ok(Begin::Mismatch),
+                    Completion::Superseded(Superseded::InFlight { retry_after }) => {
+                        return Ok(Begin::InFlight { retry_after });
+                    }
+                    _ => {}
+                }
                 let ScopeLimit { keys, per } = limiter.limit();
                 Err(StoreError::ScopeFull {
                     backend: self.shared.store.backend(),

@@ -2,7 +2,7 @@
 //! transaction, and nothing is written before the handler's own writes.
 
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
-use crate::engine::{Begin, Guard, Lease};
+use crate::engine::{Begin, ClaimMode, Guard, Lease};
 use crate::store::StoreOp;
 use crate::{
     Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin, LeaseToken, Scope, StoreError,
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 /// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
 /// that request holds no lease whose end could be told, and such handlers take milliseconds.
-const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(super) const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The length given to the [`Lease`] of a request in the one-transaction mode: its key is held
 /// by its open transaction, which has no end but its own, so the lease never runs out.
@@ -47,18 +47,33 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let deadline = started + shared.config.in_flight_wait;
         let mut poll = FIRST_POLL;
         let mut seen_running: Option<Duration> = None;
+        // Speculation answers duplicates after the handler, so a configured wait for them
+        // needs the lookup first.
+        let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative
+            && shared.config.in_flight_wait.is_zero();
         loop {
             let token = LeaseToken::new();
             let begun = shared
-                .call(
-                    StoreOp::BeginTransaction,
-                    store.begin_keyed(&scope, &key, &fingerprint, token),
-                )
+                .call(StoreOp::BeginTransaction, async {
+                    if speculative {
+                        store
+                            .begin_keyed_speculative(&scope, &key, &fingerprint, token)
+                            .await
+                    } else {
+                        store.begin_keyed(&scope, &key, &fingerprint, token).await
+                    }
+                })
                 .await;
             let running = match begun {
                 Ok(KeyedBegin::Absent(tx)) => {
                     let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
-                    let guard = Guard::in_transaction(Arc::clone(shared), lease, fingerprint, tx);
+                    let guard = Guard::in_transaction(
+                        Arc::clone(shared),
+                        lease,
+                        fingerprint,
+                        tx,
+                        speculative,
+                    );
                     return self.admitted(guard).await;
                 }
                 Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {

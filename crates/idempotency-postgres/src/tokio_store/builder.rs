@@ -154,9 +154,9 @@ impl PostgresStoreBuilder {
                 table,
                 driver: TokioDriver {
                     pool,
-                    prepared: std::sync::atomic::AtomicBool::new(
+                    prepared: Arc::new(std::sync::atomic::AtomicBool::new(
                         self.prepared_statements && url_prepared,
-                    ),
+                    )),
                 },
                 transactions: self.transactions,
             }),

@@ -30,7 +30,7 @@ impl Sql {
         Ok(if prepared {
             Ready::Prepared(client.prepare_cached(&self.text).await?)
         } else {
-            Ready::Unnamed(self)
+            Ready::Unnamed(std::borrow::Cow::Borrowed(self))
         })
     }
 
@@ -74,10 +74,18 @@ impl Sql {
 /// in that order, one round trip for all of them.
 pub(crate) enum Ready<'a> {
     Prepared(tokio_postgres::Statement),
-    Unnamed(&'a Sql),
+    Unnamed(std::borrow::Cow<'a, Sql>),
 }
 
 impl Ready<'_> {
+    /// The same, owning what it sends (for a task of its own).
+    pub(crate) fn into_owned(self) -> Ready<'static> {
+        match self {
+            Ready::Prepared(statement) => Ready::Prepared(statement),
+            Ready::Unnamed(sql) => Ready::Unnamed(std::borrow::Cow::Owned(sql.into_owned())),
+        }
+    }
+
     /// Sends the statement with `params` and reads its rows.
     pub(crate) async fn query(
         &self,

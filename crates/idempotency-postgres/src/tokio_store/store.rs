@@ -3,7 +3,9 @@
 
 use super::error::{pool_error, query_error};
 use super::session::TokioSession;
-use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, driver_row};
+use crate::driver::{
+    Driver, DriverError, OwnedParam, Param, PendingRows, Undo, UndoOnDrop, driver_row,
+};
 use crate::error::PostgresStoreError;
 use crate::error::{BACKEND, setup_error};
 use crate::primitives::{StoreCore, store_on_core};
@@ -12,6 +14,7 @@ use crate::status::{self, RecordTimes, StoreStatus};
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idempotency_core::{IdempotencyKey, Scope, StoreError};
+use std::future::Future as _;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +27,7 @@ pub(crate) struct TokioDriver {
     /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
     /// Turned off by the driver itself when the server answers as a transaction pooler that
     /// does not keep prepared statements does (see [`TokioDriver::lost_a_prepared_statement`]).
-    pub(crate) prepared: AtomicBool,
+    pub(crate) prepared: Arc<AtomicBool>,
 }
 
 impl TokioDriver {
@@ -41,23 +44,32 @@ impl TokioDriver {
     /// `prepared`: whether the failed call sent a prepared statement (another request may
     /// have switched the driver since).
     fn lost_a_prepared_statement(&self, prepared: bool, error: &tokio_postgres::Error) -> bool {
-        use tokio_postgres::error::SqlState;
-        let lost = prepared
-            && error.code().is_some_and(|code| {
-                *code == SqlState::INVALID_SQL_STATEMENT_NAME
-                    || *code == SqlState::DUPLICATE_PSTATEMENT
-            });
-        if lost && self.prepared.swap(false, Ordering::Relaxed) {
-            tracing::error!(
-                error = %error,
-                "the server lost a prepared statement: this looks like a transaction-mode pooler \
-                 (PgBouncer) that does not keep prepared statements; sending statements unnamed \
-                 from now on. Add prepared_statements=false to the store's URL (or call \
-                 prepared_statements(false)) to start that way"
-            );
-        }
-        lost
+        lost_a_prepared_statement(&self.prepared, prepared, error)
     }
+}
+
+/// [`TokioDriver::lost_a_prepared_statement`] on the driver's flag `statements_prepared`
+/// (for a task of its own).
+fn lost_a_prepared_statement(
+    statements_prepared: &AtomicBool,
+    prepared: bool,
+    error: &tokio_postgres::Error,
+) -> bool {
+    use tokio_postgres::error::SqlState;
+    let lost = prepared
+        && error.code().is_some_and(|code| {
+            *code == SqlState::INVALID_SQL_STATEMENT_NAME || *code == SqlState::DUPLICATE_PSTATEMENT
+        });
+    if lost && statements_prepared.swap(false, Ordering::Relaxed) {
+        tracing::error!(
+            error = %error,
+            "the server lost a prepared statement: this looks like a transaction-mode pooler \
+             (PgBouncer) that does not keep prepared statements; sending statements unnamed \
+             from now on. Add prepared_statements=false to the store's URL (or call \
+             prepared_statements(false)) to start that way"
+        );
+    }
+    lost
 }
 
 /// What every clone of a store shares.
@@ -142,8 +154,10 @@ fn driver_error(e: tokio_postgres::Error) -> DriverError {
 
 /// A connection inside a transaction the store opened. Dropped before the transaction ended
 /// (a panic, a cancelled request, a duplicate's answer), it is rolled back in the background
-/// before it returns to the pool, or closed.
-pub(crate) struct TokioTx(Option<Object>);
+/// before it returns to the pool, or closed. Shared (an `Arc`) with the task that reads a
+/// queued statement's answer ([`Driver::begin_queued`]); the connection returns to the pool
+/// when the last holder lets go.
+pub(crate) struct TokioTx(Option<Arc<Object>>);
 
 impl Deref for TokioTx {
     type Target = ClientWrapper;
@@ -157,9 +171,21 @@ impl Deref for TokioTx {
 }
 
 impl TokioTx {
+    fn new(client: Object) -> Self {
+        TokioTx(Some(Arc::new(client)))
+    }
+
     /// The connection, which goes back to the pool when dropped.
-    fn end(mut self) -> Option<Object> {
+    fn end(mut self) -> Option<Arc<Object>> {
         self.0.take()
+    }
+}
+
+/// Closes `client` instead of pooling it (its session is in an unknown state), unless a task
+/// still reads from it: that task's error ends it the same way.
+fn close(client: Arc<Object>) {
+    if let Ok(client) = Arc::try_unwrap(client) {
+        drop(Object::take(client));
     }
 }
 
@@ -172,11 +198,11 @@ impl Drop for TokioTx {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     if client.batch_execute("ROLLBACK").await.is_err() {
-                        drop(Object::take(client));
+                        close(client);
                     }
                 });
             }
-            Err(_) => drop(Object::take(client)),
+            Err(_) => close(client),
         }
     }
 }
@@ -285,7 +311,7 @@ impl Driver for TokioDriver {
         .map_err(driver_error)?;
         // From here on, dropping `tx` (an error below, this future cancelled) rolls the
         // connection back before it returns to the pool.
-        let tx = TokioTx(Some(client));
+        let tx = TokioTx::new(client);
         let refs = sql_params(params);
         // One round trip: BEGIN and the statement are pipelined.
         let (begun, rows) = tokio::join!(
@@ -341,10 +367,64 @@ impl Driver for TokioDriver {
             Ok(()) => Ok(()),
             Err(error) => {
                 // Closed instead: that ends the transaction on the server.
-                drop(Object::take(client));
+                close(client);
                 Err(driver_error(error))
             }
         }
+    }
+
+    fn queues_statements(&self) -> bool {
+        true
+    }
+
+    async fn begin_queued(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Result<(TokioTx, PendingRows<Row>), DriverError> {
+        let client = self.client().await?;
+        // Ready (prepared) first: `BEGIN` must be the first statement sent.
+        let prepared = self.prepared();
+        let ready = match sql.ready(&client, prepared).await {
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.ready(&client, false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)?
+        .into_owned();
+        let tx = TokioTx::new(client);
+        let Some(shared) = tx.0.clone() else {
+            unreachable!("a new transaction holds its connection")
+        };
+        let params = OwnedParam::all(params);
+        let statements_prepared = Arc::clone(&self.prepared);
+        let reader = async move {
+            let params: Vec<Param<'_>> = params.iter().map(OwnedParam::as_param).collect();
+            let refs = sql_params(&params);
+            let (begun, rows) = tokio::join!(
+                shared.batch_execute("BEGIN"),
+                ready.query(&shared, &refs[..params.len()])
+            );
+            begun.map_err(driver_error)?;
+            // As in `begin_with`: the next request's statements go out unnamed.
+            rows.inspect_err(|error| {
+                lost_a_prepared_statement(&statements_prepared, prepared, error);
+            })
+            .map_err(driver_error)
+        };
+        let (answer, pending) = tokio::sync::oneshot::channel();
+        let mut reader = Box::pin(async move {
+            let _ = answer.send(reader.await);
+        });
+        // Polled once here, `BEGIN` and the statement are sent (each future sends its request
+        // when first polled, in `join!`'s order) before the caller can send anything on the
+        // transaction; the task then reads their answers.
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        if reader.as_mut().poll(&mut context).is_pending() {
+            tokio::spawn(reader);
+        }
+        Ok((tx, pending))
     }
 }
 

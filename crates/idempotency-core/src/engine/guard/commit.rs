@@ -3,16 +3,72 @@
 //! a rollback.
 
 use super::{Completion, Guard, Hold, RollbackCause, Superseded};
+use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
 use crate::engine::retry::spawn_release;
 use crate::engine::{Judged, judge};
-use crate::store::StoreOp;
+use crate::store::{Settled, StoreOp};
 use crate::{
-    ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, StoreTransaction,
-    StoredResponse,
+    ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, Record,
+    StoreTransaction, StoredResponse,
 };
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
+    /// What the request answers when `record` stands for its key instead of its own.
+    fn superseded_by(&self, record: Record) -> Superseded {
+        let judged = match self.hold {
+            Hold::Transaction { fingerprint, .. } => judge(record, &fingerprint),
+            // Only the one-transaction modes insert records at commit time.
+            Hold::Lease => Judged::Mismatch,
+        };
+        match judged {
+            Judged::Mismatch => Superseded::Mismatch,
+            Judged::Replay(response) => Superseded::Replay(response),
+            Judged::Running(retry_after) => Superseded::InFlight { retry_after },
+        }
+    }
+
+    /// For a speculative transaction, waits for the key's lookup: the transaction back when
+    /// the key is this request's, or the answer the request gets instead (the transaction
+    /// rolled back, none of the handler's writes standing).
+    pub(super) async fn settle(
+        &self,
+        mut tx: Box<dyn StoreTransaction>,
+    ) -> Result<Box<dyn StoreTransaction>, Completion> {
+        if !matches!(
+            self.hold,
+            Hold::Transaction {
+                speculative: true,
+                ..
+            }
+        ) {
+            return Ok(tx);
+        }
+        let shared = &self.shared;
+        match shared.call(StoreOp::BeginTransaction, tx.settle()).await {
+            Ok(Settled::Proceed) => Ok(tx),
+            Ok(Settled::Existing(record)) => {
+                tracing::debug!(
+                    backend = shared.store.backend(),
+                    "the key was taken before the speculative request: its writes rolled back"
+                );
+                Err(Completion::Superseded(self.superseded_by(record)))
+            }
+            Ok(Settled::Busy) => Err(Completion::Superseded(Superseded::InFlight {
+                retry_after: TRANSACTION_RETRY_AFTER.min(shared.config.in_flight_retry_after),
+            })),
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "the key's lookup failed: the request's transaction is rolled back"
+                );
+                self.rollback(tx).await;
+                Err(Completion::RolledBack(RollbackCause::Store))
+            }
+        }
+    }
+
     /// Stores the response in the request's transaction and commits both.
     pub(super) async fn commit(
         &self,
@@ -33,16 +89,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     backend = shared.store.backend(),
                     "another request completed the key first; the transaction rolled back"
                 );
-                let judged = match self.hold {
-                    Hold::Transaction(fingerprint) => judge(record, &fingerprint),
-                    // Only the one-transaction mode inserts records at commit time.
-                    Hold::Lease => Judged::Mismatch,
-                };
-                Completion::Superseded(match judged {
-                    Judged::Mismatch => Superseded::Mismatch,
-                    Judged::Replay(response) => Superseded::Replay(response),
-                    Judged::Running(retry_after) => Superseded::InFlight { retry_after },
-                })
+                Completion::Superseded(self.superseded_by(record))
             }
             Ok(CommitOutcome::LeaseLost) => {
                 self.lost("the transaction was rolled back");
@@ -122,7 +169,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
         let lease = &self.lease;
-        if let Hold::Transaction(fingerprint) = self.hold {
+        if let Hold::Transaction { fingerprint, .. } = self.hold {
             let claimed = shared
                 .call(
                     StoreOp::Claim,
