@@ -5,6 +5,7 @@
 
 use axum::Router;
 use hyper::{StatusCode, header};
+use idempotency::ClaimMode;
 use idempotency_demo::Options;
 use idempotency_e2e::{TestDatabase, create_task, send};
 use std::time::Duration;
@@ -14,9 +15,9 @@ const PER_REQUEST: Duration = Duration::from_secs(10);
 /// Bound on a client's retries of one key until it gets its 201.
 const PER_KEY: Duration = Duration::from_secs(30);
 
-async fn demo(db: &TestDatabase, one_transaction: bool) -> Router {
+async fn demo(db: &TestDatabase, claim_mode: ClaimMode) -> Router {
     let options = Options {
-        one_transaction,
+        claim_mode,
         ..Options::default()
     };
     idempotency_demo::build_app_with(db.url(), &options)
@@ -71,9 +72,9 @@ async fn tasks_per_key(db: &TestDatabase, keys: &[String]) -> Vec<i64> {
 
 /// 200 copies of one request at once on a 32-connection pool: all answered within the bound,
 /// every one ends with the same 201, one task.
-async fn two_hundred_duplicates_of_one_key(one_transaction: bool) {
+async fn two_hundred_duplicates_of_one_key(claim_mode: ClaimMode) {
     let db = TestDatabase::create("idem_storm").await;
-    let app = demo(&db, one_transaction).await;
+    let app = demo(&db, claim_mode).await;
     let (user, key) = (
         uuid::Uuid::new_v4().to_string(),
         uuid::Uuid::new_v4().to_string(),
@@ -100,9 +101,9 @@ async fn two_hundred_duplicates_of_one_key(one_transaction: bool) {
 
 /// 64 clients each send the same 20 keys, in their own order: every key creates one task, and
 /// every client gets each key's one task back.
-async fn sixty_four_clients_sending_the_same_twenty_keys(one_transaction: bool) {
+async fn sixty_four_clients_sending_the_same_twenty_keys(claim_mode: ClaimMode) {
     let db = TestDatabase::create("idem_storm").await;
-    let app = demo(&db, one_transaction).await;
+    let app = demo(&db, claim_mode).await;
     let user = uuid::Uuid::new_v4().to_string();
     let keys: Vec<String> = (0..20).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     let mut clients = Vec::new();
@@ -134,26 +135,27 @@ async fn sixty_four_clients_sending_the_same_twenty_keys(one_transaction: bool) 
     db.drop().await;
 }
 
-mod one_transaction {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn two_hundred_duplicates_of_one_key() {
-        super::two_hundred_duplicates_of_one_key(true).await;
-    }
+/// The storms in each claim mode.
+macro_rules! storms {
+    ($($module:ident: $mode:expr;)*) => {$(
+        mod $module {
+            use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sixty_four_clients_sending_the_same_twenty_keys() {
-        super::sixty_four_clients_sending_the_same_twenty_keys(true).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_hundred_duplicates_of_one_key() {
+                super::two_hundred_duplicates_of_one_key($mode).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sixty_four_clients_sending_the_same_twenty_keys() {
+                super::sixty_four_clients_sending_the_same_twenty_keys($mode).await;
+            }
+        }
+    )*};
 }
 
-mod lease {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn two_hundred_duplicates_of_one_key() {
-        super::two_hundred_duplicates_of_one_key(false).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sixty_four_clients_sending_the_same_twenty_keys() {
-        super::sixty_four_clients_sending_the_same_twenty_keys(false).await;
-    }
+storms! {
+    speculative: ClaimMode::OneTransactionSpeculative;
+    one_transaction: ClaimMode::OneTransaction;
+    lease: ClaimMode::Lease;
 }

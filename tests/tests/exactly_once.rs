@@ -279,11 +279,22 @@ mod postgres {
     }
 
     /// SIGKILL under 16 clients, restart, retry every key: with the task written in the key's
-    /// transaction (the demo's default on PostgreSQL, the one-transaction mode), no key gets two
-    /// tasks, over three crashes.
+    /// transaction (the demo's default on PostgreSQL, the speculative one-transaction mode), no
+    /// key gets two tasks, over three crashes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_crash_under_load_never_creates_a_task_twice() {
         three_crashes_without_a_double(App::Demo(&[]), "idem_once").await;
+    }
+
+    /// The same three crashes in the one-transaction mode that looks the key up before the
+    /// handler runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_under_load_never_creates_a_task_twice_with_the_lookup_first() {
+        three_crashes_without_a_double(
+            App::Demo(&["--claim-mode", "one-transaction"]),
+            "idem_once",
+        )
+        .await;
     }
 
     /// The same three crashes in the lease mode (a claim committed first, the task and the
@@ -343,7 +354,19 @@ mod postgres {
     async fn a_key_table_refusing_writes_never_creates_a_task_twice() {
         let db = Database::create("idem_once").await;
         let (doubled, sent) = key_table_refuses_updates(&db, App::Demo(&[]), "10").await;
-        eprintln!("one transaction: {sent} keys, {doubled} with two tasks");
+        eprintln!("speculative: {sent} keys, {doubled} with two tasks");
+        assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
+        db.drop().await;
+    }
+
+    /// The same fault in the one-transaction mode that looks the key up before the handler.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_table_refusing_writes_never_creates_a_task_twice_with_the_lookup_first() {
+        let db = Database::create("idem_once").await;
+        let (doubled, sent) =
+            key_table_refuses_updates(&db, App::Demo(&["--claim-mode", "one-transaction"]), "10")
+                .await;
+        eprintln!("one transaction, lookup first: {sent} keys, {doubled} with two tasks");
         assert_eq!(doubled, 0, "{doubled} of {sent} keys got a second task");
         db.drop().await;
     }

@@ -31,10 +31,14 @@ struct Args {
     /// task and its stored response makes the retry create a second task).
     #[arg(long)]
     tasks_outside_transaction: bool,
-    /// On PostgreSQL, hold each key with a committed claim and a lease (the mode for handlers
-    /// that call something outside the database) instead of inside the request's one
-    /// transaction (the default there: the demo's handlers only write tasks in it).
-    #[arg(long)]
+    /// On PostgreSQL, how each key is held: `speculative` (the default: inside the request's
+    /// one transaction, looked up with the handler's first statement), `one-transaction` (the
+    /// same, looked up before the handler runs) or `lease` (a committed claim with a lease, the
+    /// mode for handlers that call something outside the database). Elsewhere always `lease`.
+    #[arg(long, value_name = "MODE", default_value = "speculative", value_parser = claim_mode)]
+    claim_mode: idempotency::ClaimMode,
+    /// The same as `--claim-mode lease`.
+    #[arg(long, conflicts_with = "claim_mode")]
     lease_mode: bool,
     /// On PostgreSQL, the key table's persistence: `logged` (survives a database crash with
     /// the tasks), `unlogged` (the ADR's choice: emptied by a database crash) or
@@ -46,6 +50,17 @@ struct Args {
     /// their responses to be stored.
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = drain_seconds)]
     drain_timeout: std::time::Duration,
+}
+
+fn claim_mode(value: &str) -> Result<idempotency::ClaimMode, String> {
+    match value {
+        "speculative" => Ok(idempotency::ClaimMode::OneTransactionSpeculative),
+        "one-transaction" => Ok(idempotency::ClaimMode::OneTransaction),
+        "lease" => Ok(idempotency::ClaimMode::Lease),
+        other => Err(format!(
+            "unknown claim mode {other:?}: use speculative, one-transaction or lease"
+        )),
+    }
 }
 
 fn drain_seconds(value: &str) -> Result<std::time::Duration, String> {
@@ -76,7 +91,11 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         lease: seconds("lease", args.lease)?,
         retention: seconds("retention", args.retention)?,
         tasks_in_transaction: !args.tasks_outside_transaction,
-        one_transaction: !args.lease_mode && !args.tasks_outside_transaction,
+        claim_mode: if args.lease_mode {
+            idempotency::ClaimMode::Lease
+        } else {
+            args.claim_mode
+        },
         table_mode: args.table_mode,
     };
     let app = crate::build_app_with(&args.store, &options)

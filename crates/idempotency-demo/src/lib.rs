@@ -77,11 +77,13 @@ pub struct Options {
     /// crash between them makes the retry create a second task: the hazard transactional
     /// completion removes, kept to be shown.
     pub tasks_in_transaction: bool,
-    /// Whether, on a store that supports it (PostgreSQL with tasks in the transaction), each
-    /// key lives inside its request's one transaction ([`ClaimMode::OneTransaction`], default
-    /// true): the demo's handlers write nothing but tasks in that transaction, so it is the
-    /// fastest correct mode for them. Off, keys are claimed with a lease first.
-    pub one_transaction: bool,
+    /// How each key is held. The default, [`ClaimMode::OneTransactionSpeculative`], keeps the
+    /// key inside its request's one transaction and looks it up together with the handler's
+    /// first statement: the demo's handlers write nothing but tasks in that transaction, so it
+    /// is the fastest correct mode for them (`docs/benchmarks.md`). On a store without the
+    /// one-transaction modes (memory, Redis), or with tasks outside the transaction, keys are
+    /// claimed with a lease ([`ClaimMode::Lease`]) whatever this says.
+    pub claim_mode: ClaimMode,
     /// The key table's persistence on PostgreSQL. `None` (the default): a new table is
     /// [`TableMode::Logged`] (in the one-transaction mode a key commits with its task for no
     /// extra fsync, and survives a database crash with it; `docs/benchmarks.md` measures both),
@@ -96,7 +98,7 @@ impl Default for Options {
             lease: Duration::from_secs(60),
             retention: Duration::from_secs(24 * 60 * 60),
             tasks_in_transaction: true,
-            one_transaction: true,
+            claim_mode: ClaimMode::OneTransactionSpeculative,
             table_mode: None,
         }
     }
@@ -173,12 +175,12 @@ pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
 
 /// [`router`] with `options`, and the handle its shutdown waits on.
 pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: &Options) -> App {
-    let one_transaction = options.one_transaction
+    let one_transaction = options.tasks_in_transaction
         && store
             .transactional()
             .is_some_and(|store| store.supports_one_transaction());
     let claim_mode = if one_transaction {
-        ClaimMode::OneTransaction
+        options.claim_mode
     } else {
         ClaimMode::Lease
     };
