@@ -32,11 +32,10 @@ pub enum PgVariant {
     /// (`BEGIN` pipelined with a plain lookup; the task; a plain `INSERT` of the key, whose unique
     /// violation aborts the transaction, pipelined with `COMMIT`): the SQL floor of the mode.
     HandWritten,
-    /// No layer, no read: `BEGIN` pipelined with the task (not awaited first), then a plain
-    /// `INSERT` of the completed key pipelined with `COMMIT`; a duplicate's insert fails on the
-    /// unique index, which rolls its writes back, and it answers the stored record. Two round
-    /// trips for a fresh key: what an optimistic mode without a lookup would cost.
-    HandWrittenNoRead,
+    /// No layer: the speculative mode's SQL written by hand (`BEGIN`, a plain lookup and the
+    /// task pipelined; a plain `INSERT` of the key pipelined with `COMMIT`): its SQL floor, two
+    /// round trips for a fresh key.
+    HandWrittenSpeculative,
     /// Behind the layer in `mode`, its `INSERT` in the request's `Tx`, keys in a `table` table.
     Layer {
         /// How the key is held.
@@ -52,7 +51,7 @@ impl PgVariant {
         PgVariant::BareTransaction,
         PgVariant::BareAutocommit,
         PgVariant::HandWritten,
-        PgVariant::HandWrittenNoRead,
+        PgVariant::HandWrittenSpeculative,
         PgVariant::Layer {
             mode: ClaimMode::Lease,
             table: TableMode::Unlogged,
@@ -89,7 +88,7 @@ impl PgVariant {
             PgVariant::BareAutocommit => "bare-autocommit",
             PgVariant::BareTransaction => "bare-transaction",
             PgVariant::HandWritten => "hand-written-one-transaction",
-            PgVariant::HandWrittenNoRead => "hand-written-no-read",
+            PgVariant::HandWrittenSpeculative => "hand-written-speculative",
             PgVariant::Layer {
                 mode: ClaimMode::OneTransactionSpeculative,
                 table: TableMode::Logged,
@@ -129,7 +128,9 @@ impl PgVariant {
             PgVariant::BareAutocommit => "1",
             PgVariant::BareTransaction => "3 (BEGIN, INSERT, COMMIT)",
             PgVariant::HandWritten => "3 (BEGIN + key lookup, INSERT, key insert + COMMIT)",
-            PgVariant::HandWrittenNoRead => "2 (BEGIN + INSERT, key insert + COMMIT)",
+            PgVariant::HandWrittenSpeculative => {
+                "2 (BEGIN + key lookup + INSERT, key insert + COMMIT)"
+            }
             PgVariant::Layer {
                 mode: ClaimMode::OneTransaction,
                 ..

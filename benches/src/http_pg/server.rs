@@ -139,10 +139,10 @@ pub(super) async fn hand_written(
     Ok((StatusCode::CREATED, Json(answer)))
 }
 
-/// No lookup: `BEGIN` and the task in one round trip, the key's insert and `COMMIT` in the
-/// next; a duplicate's insert fails on the unique index (its writes roll back) and it answers
-/// the stored record.
-pub(super) async fn hand_written_no_read(
+/// The speculative mode's SQL by hand: `BEGIN`, the key's lookup and the task in one round
+/// trip (the lookup's answer read after the task's), the key's insert and `COMMIT` in the next.
+/// A key found taken rolls back and answers the stored record.
+pub(super) async fn hand_written_speculative(
     State(app): State<App>,
     headers: HeaderMap,
     body: Bytes,
@@ -159,6 +159,13 @@ pub(super) async fn hand_written_no_read(
         .get()
         .await
         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let lookup = client
+        .prepare_cached(&format!(
+            "SELECT response FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+            app.keys
+        ))
+        .await
+        .map_err(unavailable)?;
     let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
     let insert_key = client
         .prepare_cached(&format!(
@@ -168,12 +175,22 @@ pub(super) async fn hand_written_no_read(
         ))
         .await
         .map_err(unavailable)?;
+    let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &key];
     let task_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &title];
-    let (begun, inserted) = tokio::join!(
+    let (begun, found, inserted) = tokio::join!(
         client.batch_execute("BEGIN"),
+        client.query_opt(&lookup, &lookup_params),
         client.query_one(&task, &task_params)
     );
     begun.map_err(unavailable)?;
+    if let Some(row) = found.map_err(unavailable)? {
+        let _ = client.batch_execute("ROLLBACK").await;
+        let stored: Vec<u8> = row.get(0);
+        return Ok((
+            StatusCode::CREATED,
+            Json(serde_json::from_slice(&stored).unwrap_or_default()),
+        ));
+    }
     let id: i64 = inserted.map_err(unavailable)?.get(0);
     let answer = serde_json::json!({ "id": id, "title": title });
     let stored = serde_json::to_vec(&answer).unwrap_or_default();
@@ -185,24 +202,7 @@ pub(super) async fn hand_written_no_read(
         client.execute(&insert_key, &key_params),
         client.batch_execute("COMMIT")
     );
-    if inserted.is_err() {
-        // A duplicate: its writes rolled back with the COMMIT; answer the stored record.
-        let row = client
-            .query_one(
-                &format!(
-                    "SELECT response FROM {} WHERE user_id = $1 AND key = $2",
-                    app.keys
-                ),
-                &[&user, &key],
-            )
-            .await
-            .map_err(unavailable)?;
-        let stored: Vec<u8> = row.get(0);
-        return Ok((
-            StatusCode::CREATED,
-            Json(serde_json::from_slice(&stored).unwrap_or_default()),
-        ));
-    }
+    inserted.map_err(unavailable)?;
     committed.map_err(unavailable)?;
     Ok((StatusCode::CREATED, Json(answer)))
 }
@@ -227,7 +227,7 @@ pub(super) async fn in_tx(
 pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, String> {
     let table = match variant {
         PgVariant::Layer { table, .. } => table,
-        PgVariant::HandWritten | PgVariant::HandWrittenNoRead => TableMode::Logged,
+        PgVariant::HandWritten | PgVariant::HandWrittenSpeculative => TableMode::Logged,
         _ => TableMode::Unlogged,
     };
     let store = PostgresStore::builder(url)
@@ -257,8 +257,8 @@ pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, S
                 autocommit: false,
                 keys: store.table_name(),
             }),
-        PgVariant::HandWrittenNoRead => Router::new()
-            .route("/tasks", post(hand_written_no_read))
+        PgVariant::HandWrittenSpeculative => Router::new()
+            .route("/tasks", post(hand_written_speculative))
             .with_state(App {
                 pool: store.pool().clone(),
                 autocommit: false,

@@ -1,33 +1,21 @@
 //! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
-//! check of the claim) or in the one-transaction mode (the key's lookup and lock), and
-//! committing it with the stored response. `PgTransaction` and `SqlxTransaction` are this with
-//! their driver's handle.
+//! check of the claim) or in the one-transaction modes (the key's lookup and lock:
+//! `open_transaction/keyed.rs`), and committing it with the stored response. `PgTransaction`
+//! and `SqlxTransaction` are this with their driver's handle.
 
-use crate::driver::{
-    DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows, UNIQUE_VIOLATION,
-    record_from_row,
-};
+use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows};
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
 use idempotency_core::{
-    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope,
-    StoreError, StoredResponse,
+    CommitOutcome, CorruptRecord, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a one-transaction-mode transaction inserts at commit time.
-#[derive(Clone, Copy, Debug)]
-struct Keyed {
-    /// The request's fingerprint.
-    fingerprint: Fingerprint,
-    /// The lookup saw an expired row of the key: the insert takes it over.
-    takeover: bool,
-    /// The transaction's start, in seconds since the epoch, read with the lookup: the insert
-    /// checks that it still runs in that transaction.
-    began: f64,
-}
+mod keyed;
+
+use keyed::Keyed;
 
 /// A transaction the store opened for one request.
 pub(crate) struct OpenTransaction<D: Driver> {
@@ -46,27 +34,6 @@ pub(crate) struct OpenTransaction<D: Driver> {
     /// In the speculative mode, the key's lookup until it is settled (its answer sets `xid`
     /// and `keyed`).
     lookup: Option<PendingRows<D::Row>>,
-}
-
-/// What [`StoreCore::begin_keyed`] found (the driver-generic `KeyedBegin`).
-pub(crate) enum Begun<D: Driver> {
-    Absent(OpenTransaction<D>),
-    Existing(Record),
-    Busy,
-}
-
-impl<D: Driver> Begun<D> {
-    /// As core's `KeyedBegin`, the transaction wrapped by `wrap` (the driver's handle type).
-    pub(crate) fn keyed_begin(
-        self,
-        wrap: impl FnOnce(OpenTransaction<D>) -> Box<dyn idempotency_core::StoreTransaction>,
-    ) -> idempotency_core::KeyedBegin {
-        match self {
-            Begun::Absent(tx) => idempotency_core::KeyedBegin::Absent(wrap(tx)),
-            Begun::Existing(record) => idempotency_core::KeyedBegin::Existing(record),
-            Begun::Busy => idempotency_core::KeyedBegin::Busy,
-        }
-    }
 }
 
 impl<D: Driver> OpenTransaction<D> {
@@ -104,56 +71,6 @@ impl<D: Driver> OpenTransaction<D> {
                 CorruptRecord::Field("the transaction was already consumed"),
             )
         })
-    }
-
-    /// Speculative mode: waits for the key's lookup (see
-    /// [`StoreTransaction::settle`](idempotency_core::StoreTransaction::settle)). A lookup
-    /// that found the key taken aborted the transaction: it is rolled back, and the key's
-    /// record read on another connection (none live: a duplicate's transaction is open).
-    pub(crate) async fn settle(&mut self) -> Result<Settled, StoreError> {
-        let Some(lookup) = self.lookup.take() else {
-            return Ok(Settled::Proceed);
-        };
-        let answer = lookup.await.unwrap_or_else(|_| {
-            Err(DriverError {
-                sqlstate: None,
-                error: StoreError::from_failure(
-                    BACKEND,
-                    true,
-                    "the key's lookup ended without an answer",
-                ),
-            })
-        });
-        match answer {
-            Ok(rows) => {
-                let Some(row) = rows.first() else {
-                    self.rollback().await?;
-                    return Err(StoreError::corrupt(
-                        BACKEND,
-                        CorruptRecord::Field("the key's lookup returned no row"),
-                    ));
-                };
-                let began = row.float8(0)?;
-                let takeover = row.bool(1)?;
-                self.xid = row.int8(2)?;
-                if let Some(keyed) = &mut self.keyed {
-                    keyed.began = began;
-                    keyed.takeover = takeover;
-                }
-                Ok(Settled::Proceed)
-            }
-            Err(error) if error.is(DIVISION_BY_ZERO) => {
-                self.rollback().await?;
-                Ok(match self.core.get(&self.scope, &self.key).await? {
-                    Some(record) => Settled::Existing(record),
-                    None => Settled::Busy,
-                })
-            }
-            Err(error) => {
-                self.rollback().await?;
-                Err(error.into())
-            }
-        }
     }
 
     /// Rolls the transaction back.
@@ -263,56 +180,6 @@ impl<D: Driver> OpenTransaction<D> {
             _ => CommitOutcome::EndedByHandler,
         })
     }
-
-    /// One-transaction mode: inserts the completed record and commits.
-    async fn insert_and_commit(
-        &mut self,
-        keyed: Keyed,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<CommitOutcome, StoreError> {
-        let tx = self.take()?;
-        let statements = &self.core.table.statements;
-        let sql = if keyed.takeover {
-            &statements.keyed_takeover
-        } else {
-            &statements.keyed_insert
-        };
-        let encoded = response.encode();
-        let hash = keyed.fingerprint.to_bytes();
-        let params = [
-            Param::Text(self.scope.as_str()),
-            Param::Text(self.key.as_str()),
-            Param::Bytes(&hash[..]),
-            Param::Float8(keyed.began),
-            Param::Int4(i32::from(response.status().as_u16())),
-            Param::Bytes(&encoded[..]),
-            Param::Float8(retention.as_secs_f64()),
-        ];
-        let (inserted, committed) = self.core.driver.commit_with(tx, sql, &params).await;
-        match inserted {
-            Ok(rows) if rows.len() == 1 => committed
-                .map(|()| CommitOutcome::Committed)
-                .map_err(commit_error),
-            Ok(_) => Err(StoreError::corrupt(
-                BACKEND,
-                CorruptRecord::Field("the completion returned no row or several"),
-            )),
-            // Refused, and rolled back. Whose record stands, if any?
-            Err(error) if error.is(DIVISION_BY_ZERO) || error.is(UNIQUE_VIOLATION) => {
-                match self.core.get(&self.scope, &self.key).await? {
-                    Some(record) => Ok(CommitOutcome::Superseded(record)),
-                    // The unique index refused a row that is no longer live (it expired in
-                    // between): nothing was written, the retry takes it over.
-                    None if error.is(UNIQUE_VIOLATION) => Err(error.into()),
-                    // Nothing stands: the check of the transaction failed, so the handler
-                    // ended the transaction itself.
-                    None => self.ended_by_handler().await,
-                }
-            }
-            Err(error) => Err(commit_error(error)),
-        }
-    }
 }
 
 /// A failure of the pipelined completion and `COMMIT`, as the store error that says whether the
@@ -370,90 +237,6 @@ impl<D: Driver> StoreCore<D> {
             xid,
             keyed: None,
             lookup: None,
-        }))
-    }
-
-    /// One-transaction mode (see
-    /// [`TransactionalStore::begin_keyed`](idempotency_core::TransactionalStore::begin_keyed)).
-    /// A transaction that is not handed out ends when it is dropped: the answer to a duplicate
-    /// does not wait for its `ROLLBACK`.
-    pub(crate) async fn begin_keyed(
-        self: &Arc<Self>,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-    ) -> Result<Begun<D>, StoreError> {
-        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
-        let (tx, rows) = self
-            .driver
-            .begin_with(&self.table.statements.keyed_begin, &params)
-            .await?;
-        let Some(row) = rows.first() else {
-            return Err(StoreError::corrupt(
-                BACKEND,
-                CorruptRecord::Field("the key's lookup returned no row"),
-            ));
-        };
-        let locked = row.bool(0)?;
-        let began = row.float8(1)?;
-        let live = row.opt_bool(2)?;
-        if live == Some(true) {
-            return record_from_row(row, 4).map(Begun::Existing);
-        }
-        if !locked {
-            return Ok(Begun::Busy);
-        }
-        let xid = row.int8(3)?;
-        Ok(Begun::Absent(OpenTransaction {
-            tx: Some(tx),
-            core: Arc::clone(self),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            xid,
-            keyed: Some(Keyed {
-                fingerprint: *fingerprint,
-                takeover: live == Some(false),
-                began,
-            }),
-            lookup: None,
-        }))
-    }
-
-    /// Speculative one-transaction mode (see
-    /// [`TransactionalStore::begin_keyed_speculative`](idempotency_core::TransactionalStore::begin_keyed_speculative)):
-    /// `BEGIN` and the aborting lookup are queued, and the transaction handed out at once. On
-    /// a driver that cannot queue them, [`StoreCore::begin_keyed`].
-    pub(crate) async fn begin_keyed_speculative(
-        self: &Arc<Self>,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-    ) -> Result<Begun<D>, StoreError> {
-        if !self.driver.queues_statements() {
-            return self.begin_keyed(scope, key, fingerprint, token).await;
-        }
-        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
-        let (tx, lookup) = self
-            .driver
-            .begin_queued(&self.table.statements.keyed_lookup, &params)
-            .await?;
-        Ok(Begun::Absent(OpenTransaction {
-            tx: Some(tx),
-            core: Arc::clone(self),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            // Both set when the lookup is settled.
-            xid: 0,
-            keyed: Some(Keyed {
-                fingerprint: *fingerprint,
-                takeover: false,
-                began: 0.0,
-            }),
-            lookup: Some(lookup),
         }))
     }
 }

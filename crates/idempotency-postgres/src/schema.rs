@@ -168,6 +168,12 @@ impl Statements {
             TableMode::LoggedAsyncCommit => ", set_config('synchronous_commit', 'on', true)",
             TableMode::Logged | TableMode::Unlogged => "",
         };
+        // The key's transaction-scoped advisory lock, tried without waiting: its id a 64-bit
+        // hash of (scope, key) seeded per table.
+        let lock = format!(
+            "pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {}))",
+            lock_seed(name)
+        );
         Statements {
             // One round trip. A live row visible to this statement is returned as it is, and
             // the insert is not attempted, so replays and in-flight duplicates only read (no
@@ -306,10 +312,9 @@ impl Statements {
                     "SELECT l.locked, l.began, r.expires_at > now(), \
                        CASE WHEN l.locked AND (r.expires_at > now()) IS NOT TRUE THEN {XID} END, \
                        {RECORD_COLUMNS}{synchronous} \
-                     FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
+                     FROM (SELECT {lock}, \
                                   {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",
-                    seed = lock_seed(name),
                 ),
                 KEY,
             ),
@@ -322,11 +327,10 @@ impl Statements {
             keyed_lookup: Sql::new(
                 format!(
                     "SELECT l.began, r.expires_at IS NOT NULL, {XID}{synchronous} \
-                     FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {seed})), \
+                     FROM (SELECT {lock}, \
                                   {BEGAN}) AS l(locked, began) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2 \
                      WHERE 1 / (l.locked AND (r.expires_at > now()) IS NOT TRUE)::int = 1",
-                    seed = lock_seed(name),
                 ),
                 KEY,
             ),

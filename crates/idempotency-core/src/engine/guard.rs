@@ -219,7 +219,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     /// Gives the key back so a retry can run at once, rolling back the request's transaction
     /// first. Call it when the side effect did not happen (the handler failed); a failed
-    /// release is retried in the background until the lease runs out.
+    /// release is retried in the background until the lease runs out. In the speculative
+    /// one-transaction mode the key may turn out to be another's (its lookup is read only
+    /// now): then [`Completion::Superseded`], the answer the request gets instead.
     pub async fn release(mut self) -> Completion {
         self.stop_heartbeat();
         match self.take_transaction().await {
