@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
-use idempotency::postgres::deadpool_postgres::Pool;
+use idempotency::postgres::deadpool_postgres::{Object, Pool};
 use idempotency::postgres::tokio_postgres;
 use idempotency::{IdempotencyLayer, PgTransaction, PostgresStore, Scope, TableMode, Tx};
 use std::net::SocketAddr;
@@ -71,117 +71,114 @@ pub(super) async fn bare(
     Ok(created(id, title))
 }
 
+/// The request's idempotency key, as the hand-written handlers read it.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, StatusCode> {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or(StatusCode::BAD_REQUEST)
+}
+
+/// The hand-written handlers' statements on `client`: the key's plain lookup, the task's insert,
+/// the completed key's plain insert (into `keys`).
+async fn hand_statements(
+    client: &Object,
+    keys: &str,
+) -> Result<[tokio_postgres::Statement; 3], tokio_postgres::Error> {
+    Ok([
+        client
+            .prepare_cached(&format!(
+                "SELECT response FROM {keys} WHERE user_id = $1 AND key = $2 AND expires_at > now()"
+            ))
+            .await?,
+        client.prepare_cached(INSERT).await?,
+        client
+            .prepare_cached(&format!(
+                "INSERT INTO {keys} (user_id, key, request_hash, status_code, response, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')"
+            ))
+            .await?,
+    ])
+}
+
+/// The completed key's insert pipelined with `COMMIT` (one round trip); a refused insert aborts
+/// the transaction, so the `COMMIT` rolls it back.
+async fn insert_key_and_commit(
+    client: &Object,
+    insert_key: &tokio_postgres::Statement,
+    user: &str,
+    key: &str,
+    answer: &serde_json::Value,
+) -> Result<(), tokio_postgres::Error> {
+    let stored = serde_json::to_vec(answer).unwrap_or_default();
+    let hash = [0u8; 33];
+    let (hash, status) = (&hash[..], 201i32);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&user, &key, &hash, &status, &stored];
+    let (inserted, committed) = tokio::join!(
+        client.execute(insert_key, &key_params),
+        client.batch_execute("COMMIT")
+    );
+    inserted?;
+    committed
+}
+
 /// The one-transaction mode's SQL without the library: what the mode costs at the SQL level.
 pub(super) async fn hand_written(
     State(app): State<App>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
-    let (user, title) = user_and_title(&headers, &body);
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or(StatusCode::BAD_REQUEST)?
-        .to_owned();
-    let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
-    let client = app
-        .pool
-        .get()
-        .await
-        .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
-    let lookup = client
-        .prepare_cached(&format!(
-            "SELECT response FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
-            app.keys
-        ))
-        .await
-        .map_err(unavailable)?;
-    let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
-    let insert_key = client
-        .prepare_cached(&format!(
-            "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')",
-            app.keys
-        ))
-        .await
-        .map_err(unavailable)?;
-    let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &key];
-    let (begun, found) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query_opt(&lookup, &lookup_params)
-    );
-    begun.map_err(unavailable)?;
-    if let Some(row) = found.map_err(unavailable)? {
-        let _ = client.batch_execute("ROLLBACK").await;
-        let stored: Vec<u8> = row.get(0);
-        return Ok((
-            StatusCode::CREATED,
-            Json(serde_json::from_slice(&stored).unwrap_or_default()),
-        ));
-    }
-    let id: i64 = client
-        .query_one(&task, &[&user, &title])
-        .await
-        .map_err(unavailable)?
-        .get(0);
-    let answer = serde_json::json!({ "id": id, "title": title });
-    let stored = serde_json::to_vec(&answer).unwrap_or_default();
-    let hash = [0u8; 33];
-    let (hash, status) = (&hash[..], 201i32);
-    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&user, &key, &hash, &status, &stored];
-    let (inserted, committed) = tokio::join!(
-        client.execute(&insert_key, &key_params),
-        client.batch_execute("COMMIT")
-    );
-    inserted.map_err(unavailable)?;
-    committed.map_err(unavailable)?;
-    Ok((StatusCode::CREATED, Json(answer)))
+    by_hand(&app, &headers, &body, false).await
 }
 
 /// The speculative mode's SQL by hand: `BEGIN`, the key's lookup and the task in one round
 /// trip (the lookup's answer read after the task's), the key's insert and `COMMIT` in the next.
-/// A key found taken rolls back and answers the stored record.
 pub(super) async fn hand_written_speculative(
     State(app): State<App>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
-    let (user, title) = user_and_title(&headers, &body);
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or(StatusCode::BAD_REQUEST)?
-        .to_owned();
+    by_hand(&app, &headers, &body, true).await
+}
+
+/// The one-transaction modes by hand: `BEGIN` pipelined with a plain lookup (and, `speculative`,
+/// with the task); a key found taken rolls back and answers the stored record; otherwise the
+/// task, then a plain insert of the key pipelined with `COMMIT`.
+async fn by_hand(
+    app: &App,
+    headers: &HeaderMap,
+    body: &Bytes,
+    speculative: bool,
+) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+    let (user, title) = user_and_title(headers, body);
+    let key = idempotency_key(headers)?;
     let unavailable = |_| StatusCode::SERVICE_UNAVAILABLE;
     let client = app
         .pool
         .get()
         .await
         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
-    let lookup = client
-        .prepare_cached(&format!(
-            "SELECT response FROM {} WHERE user_id = $1 AND key = $2 AND expires_at > now()",
-            app.keys
-        ))
-        .await
-        .map_err(unavailable)?;
-    let task = client.prepare_cached(INSERT).await.map_err(unavailable)?;
-    let insert_key = client
-        .prepare_cached(&format!(
-            "INSERT INTO {} (user_id, key, request_hash, status_code, response, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')",
-            app.keys
-        ))
+    let [lookup, task, insert_key] = hand_statements(&client, &app.keys)
         .await
         .map_err(unavailable)?;
     let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &key];
     let task_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &title];
-    let (begun, found, inserted) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query_opt(&lookup, &lookup_params),
-        client.query_one(&task, &task_params)
-    );
+    let (begun, found, inserted) = if speculative {
+        let (begun, found, inserted) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.query_opt(&lookup, &lookup_params),
+            client.query_one(&task, &task_params)
+        );
+        (begun, found, Some(inserted))
+    } else {
+        let (begun, found) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.query_opt(&lookup, &lookup_params)
+        );
+        (begun, found, None)
+    };
     begun.map_err(unavailable)?;
     if let Some(row) = found.map_err(unavailable)? {
         let _ = client.batch_execute("ROLLBACK").await;
@@ -191,19 +188,15 @@ pub(super) async fn hand_written_speculative(
             Json(serde_json::from_slice(&stored).unwrap_or_default()),
         ));
     }
+    let inserted = match inserted {
+        Some(inserted) => inserted,
+        None => client.query_one(&task, &task_params).await,
+    };
     let id: i64 = inserted.map_err(unavailable)?.get(0);
     let answer = serde_json::json!({ "id": id, "title": title });
-    let stored = serde_json::to_vec(&answer).unwrap_or_default();
-    let hash = [0u8; 33];
-    let (hash, status) = (&hash[..], 201i32);
-    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&user, &key, &hash, &status, &stored];
-    let (inserted, committed) = tokio::join!(
-        client.execute(&insert_key, &key_params),
-        client.batch_execute("COMMIT")
-    );
-    inserted.map_err(unavailable)?;
-    committed.map_err(unavailable)?;
+    insert_key_and_commit(&client, &insert_key, &user, &key, &answer)
+        .await
+        .map_err(unavailable)?;
     Ok((StatusCode::CREATED, Json(answer)))
 }
 

@@ -37,6 +37,28 @@ pub(crate) struct OpenTransaction<D: Driver> {
 }
 
 impl<D: Driver> OpenTransaction<D> {
+    /// A transaction open on `tx` for `(scope, key)` and `token`, in the lease mode until
+    /// `keyed` is set.
+    fn new(
+        core: &Arc<StoreCore<D>>,
+        tx: D::Tx,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+        xid: i64,
+    ) -> Self {
+        OpenTransaction {
+            tx: Some(tx),
+            core: Arc::clone(core),
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            xid,
+            keyed: None,
+            lookup: None,
+        }
+    }
+
     /// The driver's connection inside the transaction.
     pub(crate) fn handle(&self) -> &D::Tx {
         match &self.tx {
@@ -228,16 +250,7 @@ impl<D: Driver> StoreCore<D> {
             return Ok(None);
         };
         let xid = row.int8(1)?;
-        Ok(Some(OpenTransaction {
-            tx: Some(tx),
-            core: Arc::clone(self),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            xid,
-            keyed: None,
-            lookup: None,
-        }))
+        Ok(Some(OpenTransaction::new(self, tx, scope, key, token, xid)))
     }
 }
 

@@ -185,18 +185,12 @@ impl<D: Driver> StoreCore<D> {
         }
         let xid = row.int8(3)?;
         Ok(Begun::Absent(OpenTransaction {
-            tx: Some(tx),
-            core: Arc::clone(self),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            xid,
             keyed: Some(Keyed {
                 fingerprint: *fingerprint,
                 takeover: live == Some(false),
                 began,
             }),
-            lookup: None,
+            ..OpenTransaction::new(self, tx, scope, key, token, xid)
         }))
     }
 
@@ -219,20 +213,15 @@ impl<D: Driver> StoreCore<D> {
             .driver
             .begin_queued(&self.table.statements.keyed_lookup, &params)
             .await?;
+        // The transaction id and what `keyed` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {
-            tx: Some(tx),
-            core: Arc::clone(self),
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            // Both set when the lookup is settled.
-            xid: 0,
             keyed: Some(Keyed {
                 fingerprint: *fingerprint,
                 takeover: false,
                 began: 0.0,
             }),
             lookup: Some(lookup),
+            ..OpenTransaction::new(self, tx, scope, key, token, 0)
         }))
     }
 }

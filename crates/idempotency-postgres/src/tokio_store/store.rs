@@ -3,6 +3,7 @@
 
 use super::error::{pool_error, query_error};
 use super::session::TokioSession;
+use super::statement::Ready;
 use crate::driver::{
     Driver, DriverError, OwnedParam, Param, PendingRows, Undo, UndoOnDrop, driver_row,
 };
@@ -250,6 +251,24 @@ impl TokioDriver {
         .map_err(driver_error)
     }
 
+    /// `sql` made ready on `client` (prepared there, unless statements go unnamed) before a
+    /// pipeline that must send `BEGIN` first; whether it was prepared.
+    async fn ready_before_begin<'a>(
+        &self,
+        client: &Object,
+        sql: &'a Sql,
+    ) -> Result<(Ready<'a>, bool), DriverError> {
+        let prepared = self.prepared();
+        let ready = match sql.ready(client, prepared).await {
+            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
+                sql.ready(client, false).await
+            }
+            result => result,
+        }
+        .map_err(driver_error)?;
+        Ok((ready, prepared))
+    }
+
     /// A pooled connection.
     async fn client(&self) -> Result<Object, DriverError> {
         self.pool.get().await.map_err(|e| DriverError {
@@ -300,15 +319,7 @@ impl Driver for TokioDriver {
         params: &[Param<'_>],
     ) -> Result<(TokioTx, Vec<Row>), DriverError> {
         let client = self.client().await?;
-        // Ready (prepared) before the pipeline, which must send BEGIN first.
-        let prepared = self.prepared();
-        let ready = match sql.ready(&client, prepared).await {
-            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
-                sql.ready(&client, false).await
-            }
-            result => result,
-        }
-        .map_err(driver_error)?;
+        let (ready, prepared) = self.ready_before_begin(&client, sql).await?;
         // From here on, dropping `tx` (an error below, this future cancelled) rolls the
         // connection back before it returns to the pool.
         let tx = TokioTx::new(client);
@@ -383,16 +394,8 @@ impl Driver for TokioDriver {
         params: &[Param<'_>],
     ) -> Result<(TokioTx, PendingRows<Row>), DriverError> {
         let client = self.client().await?;
-        // Ready (prepared) first: `BEGIN` must be the first statement sent.
-        let prepared = self.prepared();
-        let ready = match sql.ready(&client, prepared).await {
-            Err(error) if self.lost_a_prepared_statement(prepared, &error) => {
-                sql.ready(&client, false).await
-            }
-            result => result,
-        }
-        .map_err(driver_error)?
-        .into_owned();
+        let (ready, prepared) = self.ready_before_begin(&client, sql).await?;
+        let ready = ready.into_owned();
         let tx = TokioTx::new(client);
         let Some(shared) = tx.0.clone() else {
             unreachable!("a new transaction holds its connection")
