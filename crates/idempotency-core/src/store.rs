@@ -37,6 +37,9 @@ pub enum StoreOp {
     /// Opening a request's transaction: [`TransactionalStore::begin_transaction`] (lease mode)
     /// or [`TransactionalStore::begin_keyed`] (one-transaction mode).
     BeginTransaction,
+    /// [`StoreTransaction::settle`]: waiting for the key's lookup of a speculative transaction
+    /// (its [`BeginTransaction`](StoreOp::BeginTransaction) only queued it).
+    Settle,
     /// [`StoreTransaction::complete_and_commit`]: the response stored in the request's
     /// transaction, and the transaction committed.
     Commit,
@@ -46,7 +49,7 @@ pub enum StoreOp {
 
 impl StoreOp {
     /// Every call, in the order of their discriminants (`op as usize` indexes it).
-    pub const ALL: [StoreOp; 9] = [
+    pub const ALL: [StoreOp; 10] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Extend,
@@ -54,12 +57,13 @@ impl StoreOp {
         StoreOp::Get,
         StoreOp::Purge,
         StoreOp::BeginTransaction,
+        StoreOp::Settle,
         StoreOp::Commit,
         StoreOp::Rollback,
     ];
 
     /// The name in metrics and logs: `claim`, `complete`, `extend`, `release`, `get`, `purge`,
-    /// `begin_transaction`, `commit`, `rollback`.
+    /// `begin_transaction`, `settle`, `commit`, `rollback`.
     pub fn name(self) -> &'static str {
         match self {
             StoreOp::Claim => "claim",
@@ -69,6 +73,7 @@ impl StoreOp {
             StoreOp::Get => "get",
             StoreOp::Purge => "purge",
             StoreOp::BeginTransaction => "begin_transaction",
+            StoreOp::Settle => "settle",
             StoreOp::Commit => "commit",
             StoreOp::Rollback => "rollback",
         }
@@ -79,7 +84,7 @@ impl StoreOp {
     pub fn is_primitive(self) -> bool {
         !matches!(
             self,
-            StoreOp::BeginTransaction | StoreOp::Commit | StoreOp::Rollback
+            StoreOp::BeginTransaction | StoreOp::Settle | StoreOp::Commit | StoreOp::Rollback
         )
     }
 }

@@ -288,7 +288,14 @@ impl IntoResponse for ApiError {
                 response
             }
             ApiError::Storage(error) => {
-                tracing::error!(error = %idempotency::ErrorChain(&error), "task storage failed");
+                if error.is_transaction_aborted() {
+                    // Expected: the layer drops this answer for the key's own.
+                    tracing::debug!(
+                        "the request's transaction was aborted before the task: its key is taken"
+                    );
+                } else {
+                    tracing::error!(error = %idempotency::ErrorChain(&error), "task storage failed");
+                }
                 problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "storage-failed",

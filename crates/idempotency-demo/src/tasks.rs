@@ -63,6 +63,21 @@ impl TaskStoreError {
             TaskStoreError::Full { .. } => false,
         }
     }
+
+    /// Whether the request's transaction refused the statement because it was already aborted
+    /// (SQLSTATE 25P02): in the speculative one-transaction mode, what a request whose key
+    /// turned out taken gets; the layer answers it with the key's stored response.
+    pub fn is_transaction_aborted(&self) -> bool {
+        match self {
+            TaskStoreError::Postgres { source, .. } => source
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(tokio_postgres::Error::code)
+                .is_some_and(|code| {
+                    *code == tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION
+                }),
+            TaskStoreError::Full { .. } => false,
+        }
+    }
 }
 
 /// A statement failed: unavailable when the connection is gone or the server cannot serve now.

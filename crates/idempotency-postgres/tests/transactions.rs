@@ -10,7 +10,7 @@ mod postgres {
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
         Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoreTransaction,
-        StoredResponse, TransactionError, TransactionSlot,
+        StoredResponse, Superseded, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
@@ -32,8 +32,15 @@ mod postgres {
         async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self;
         /// The store's own migration.
         async fn migrate_table(&self);
-        /// Runs `sql` (`$1` = `key`) in the request's transaction.
-        async fn write(slot: &TransactionSlot, sql: &str, key: &str);
+        /// Runs `sql` (`$1` = `key`) in the request's transaction; whether it succeeded.
+        async fn try_write(slot: &TransactionSlot, sql: &str, key: &str) -> bool;
+        /// Runs `sql` (`$1` = `key`) in the request's transaction, which must succeed.
+        async fn write(slot: &TransactionSlot, sql: &str, key: &str) {
+            assert!(
+                Self::try_write(slot, sql, key).await,
+                "write in the transaction"
+            );
+        }
         /// Runs `sql` (no parameters, maybe several statements) in the request's transaction.
         async fn raw(slot: &TransactionSlot, sql: &str);
         /// Whether a connection of the store's pool is inside a transaction.
@@ -68,14 +75,12 @@ mod postgres {
             self.migrate().await.expect("migrate a fresh schema");
         }
 
-        async fn write(slot: &TransactionSlot, sql: &str, key: &str) {
+        async fn try_write(slot: &TransactionSlot, sql: &str, key: &str) -> bool {
             let tx = slot
                 .open::<PgTransaction>()
                 .await
                 .expect("open the transaction");
-            tx.execute(sql, &[&key])
-                .await
-                .expect("write in the transaction");
+            tx.execute(sql, &[&key]).await.is_ok()
         }
 
         async fn raw(slot: &TransactionSlot, sql: &str) {
@@ -147,7 +152,7 @@ mod postgres {
             self.migrate().await.expect("migrate a fresh schema");
         }
 
-        async fn write(slot: &TransactionSlot, sql: &str, key: &str) {
+        async fn try_write(slot: &TransactionSlot, sql: &str, key: &str) -> bool {
             let mut tx = slot
                 .open::<idempotency_postgres::SqlxTransaction>()
                 .await
@@ -156,7 +161,7 @@ mod postgres {
                 .bind(key)
                 .execute(&mut **tx)
                 .await
-                .expect("write in the transaction");
+                .is_ok()
         }
 
         async fn raw(slot: &TransactionSlot, sql: &str) {
@@ -313,6 +318,66 @@ mod postgres {
                 other => panic!("the key must be released, got {other:?}"),
             }
         }
+    }
+
+    /// What the retry of a completed key is answered: the stored response, by `begin`, or in the
+    /// speculative mode (which proceeds before the lookup answers) when its guard ends.
+    async fn replay_of<S: Driver>(
+        engine: &Engine<S>,
+        s: &Scope,
+        k: &IdempotencyKey,
+    ) -> StoredResponse {
+        match engine.begin(s.clone(), k.clone(), fp()).await {
+            Ok(Begin::Replay(stored)) => stored,
+            Ok(Begin::Proceed(guard)) => match guard.complete(response(500)).await {
+                Completion::Superseded(Superseded::Replay(stored)) => stored,
+                other => panic!("the retry must replay, its guard ended {other:?}"),
+            },
+            other => panic!("the retry must replay, got {other:?}"),
+        }
+    }
+
+    /// The key is free (within 5 s): a retry proceeds, writes and stores; one side effect.
+    async fn runs_again_once<S: Driver>(
+        engine: &Engine<S>,
+        f: &Fixture<S>,
+        s: &Scope,
+        k: &IdempotencyKey,
+    ) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match engine
+                .begin(s.clone(), k.clone(), fp())
+                .await
+                .expect("begin")
+            {
+                Begin::Proceed(guard) => {
+                    let slot = guard.transaction().expect("a transaction");
+                    let written = S::try_write(
+                        slot,
+                        &format!(
+                            "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+                            f.schema
+                        ),
+                        k.as_str(),
+                    )
+                    .await;
+                    match guard.complete(response(201)).await {
+                        Completion::Stored => {
+                            assert!(written, "the stored retry wrote");
+                            break;
+                        }
+                        Completion::Superseded(Superseded::InFlight { .. })
+                            if tokio::time::Instant::now() < deadline => {}
+                        other => panic!("the retry must run, got {other:?}"),
+                    }
+                }
+                Begin::InFlight { .. } if tokio::time::Instant::now() < deadline => {}
+                other => panic!("the retry must run, got {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(f.side_effects(k).await, 1, "the retry ran once");
     }
 
     /// The handler's side effect, written in the request's transaction.
@@ -538,17 +603,13 @@ mod postgres {
             let completion = guard.complete(response(201)).await;
             if writes_exist {
                 assert_eq!(completion, Completion::Stored, "{end}");
-                match engine.begin(s.clone(), k.clone(), fp()).await {
-                    Ok(Begin::Replay(stored)) => {
-                        assert_eq!(stored.status(), StatusCode::CREATED, "{end}")
-                    }
-                    other => panic!("{end}: the retry must replay, got {other:?}"),
-                }
+                let stored = replay_of(engine, &s, &k).await;
+                assert_eq!(stored.status(), StatusCode::CREATED, "{end}");
                 assert_eq!(f.side_effects(&k).await, 1, "{end}");
             } else {
                 assert_eq!(completion, Completion::TransactionMisused, "{end}");
-                assert_released(engine, &s, &k).await;
                 assert_eq!(f.side_effects(&k).await, 0, "{end}");
+                runs_again_once(engine, f, &s, &k).await;
             }
         }
     }
@@ -620,6 +681,8 @@ mod postgres {
                 a_commit_not_confirmed_in_time_is_an_unknown_outcome,
                 a_handler_that_ends_the_transaction_itself_is_caught,
                 one_transaction_handler_that_ends_the_transaction_is_caught,
+                speculative_handler_that_ends_the_transaction_is_caught,
+                a_key_lookup_that_does_not_answer_leaves_nothing,
                 the_request_s_transaction_commits_synchronously_with_asynchronous_claims,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
             );
@@ -694,6 +757,67 @@ mod postgres {
         let engine = f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransaction));
         ended_by_the_handler(&engine, &f).await;
         f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// Speculative mode: the same; the transaction's start and id come with the key's lookup,
+    /// read after the handler returned.
+    async fn speculative_handler_that_ends_the_transaction_is_caught<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let engine =
+            f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransactionSpeculative));
+        ended_by_the_handler(&engine, &f).await;
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// Speculative mode: the key's lookup does not answer within the store timeout (another
+    /// session holds the key table locked). The request is not stored (503 `not-committed` for
+    /// an HTTP client; on sqlx, which looks the key up first, `begin` itself fails), nothing of
+    /// it stands, and once the table is free the retry runs once: one side effect in all.
+    async fn a_key_lookup_that_does_not_answer_leaves_nothing<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let engine = f.engine(
+            EngineConfig::default()
+                .with_claim_mode(ClaimMode::OneTransactionSpeculative)
+                .with_store_timeout(Duration::from_millis(300)),
+        );
+        let url = postgres_url();
+        let (blocker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
+        tokio::spawn(connection);
+        blocker
+            .batch_execute(&format!(
+                "BEGIN; LOCK TABLE \"{}\".idempotency_keys IN ACCESS EXCLUSIVE MODE",
+                f.schema
+            ))
+            .await
+            .expect("lock the key table");
+        let (s, k) = (scope(), key());
+        match engine.begin(s.clone(), k.clone(), fp()).await {
+            Ok(Begin::Proceed(guard)) => assert_eq!(
+                guard.complete(response(201)).await,
+                Completion::RolledBack(RollbackCause::Store),
+                "a lookup that did not answer: nothing stored"
+            ),
+            Err(error) => assert!(error.is_retryable(), "{error}"),
+            Ok(other) => panic!("a free key: proceed or fail, got {other:?}"),
+        }
+        blocker.batch_execute("COMMIT").await.expect("unlock");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let retry = loop {
+            match engine.begin(s.clone(), k.clone(), fp()).await {
+                Ok(Begin::Proceed(guard)) => break guard,
+                Ok(Begin::InFlight { .. }) | Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => panic!("the retry must run, got {other:?}"),
+            }
+        };
+        write_side_effect(&retry, &f.schema).await;
+        assert_eq!(retry.complete(response(201)).await, Completion::Stored);
+        assert_eq!(f.side_effects(&k).await, 1, "the retry ran once");
         f.drop().await;
     }
 

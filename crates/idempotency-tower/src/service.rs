@@ -12,11 +12,11 @@ use crate::route::{Outcome, Route};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body::Body;
 use idempotency_core::{
     Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
-    StoreError, StoredResponse, Superseded,
+    StoreError, StoredResponse,
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -26,7 +26,10 @@ use std::time::Duration;
 use tower_service::Service;
 use tracing::Instrument;
 
+mod replay;
 mod request;
+
+use replay::{replay, superseded};
 
 use request::{read_key, read_request_body, read_scope};
 
@@ -117,24 +120,6 @@ fn refuse<S>(
 /// The response for `problem`, as the configured renderer writes it.
 fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> {
     render(&problem.refusal(shared.settings.profile), &shared.render)
-}
-
-/// What a request answers when its key turned out another's as its guard ended: a duplicate
-/// completed first (its writes rolled back), or, in the speculative mode, the key's lookup
-/// found it taken (the handler's statements were refused).
-fn superseded<S>(shared: &Shared<S>, superseded: Superseded) -> Response<IdempotencyBody> {
-    match superseded {
-        Superseded::Replay(stored) => replay(stored, &shared.settings.replay_header),
-        Superseded::Mismatch => answer(shared, Problem::Mismatch),
-        Superseded::InFlight { retry_after } => answer(shared, Problem::InFlight { retry_after }),
-        // A cause this version does not know: the retry finds out.
-        _ => answer(
-            shared,
-            Problem::InFlight {
-                retry_after: RETRY_AFTER,
-            },
-        ),
-    }
 }
 
 async fn handle<Inner, S, B, ResB>(
@@ -283,7 +268,7 @@ where
                 Ok(response) => response,
                 Err(e) => {
                     if let Completion::Superseded(other) = guard.release().await {
-                        return Ok(superseded(&shared, other));
+                        return Ok(superseded(&shared, &route, other));
                     }
                     return Err(e);
                 }
@@ -294,7 +279,7 @@ where
                 // result. The key is released, so the retry runs; the answer is rendered the
                 // way the layer renders every refusal.
                 if let Completion::Superseded(other) = guard.release().await {
-                    return Ok(superseded(&shared, other));
+                    return Ok(superseded(&shared, &route, other));
                 }
                 return Ok(answer(&shared, problem.clone()));
             }
@@ -307,7 +292,7 @@ where
                 // transaction rolls back and the key is released, so the retry runs on a clean
                 // slate.
                 if let Completion::Superseded(other) = guard.release().await {
-                    return Ok(superseded(&shared, other));
+                    return Ok(superseded(&shared, &route, other));
                 }
                 return Ok(Response::from_parts(parts, boxed(body)));
             }
@@ -324,7 +309,7 @@ where
                 Err(error) => {
                     tracing::warn!(error = %ErrorChain(&*error), "the handler's response body failed; releasing the key");
                     if let Completion::Superseded(other) = guard.release().await {
-                        return Ok(superseded(&shared, other));
+                        return Ok(superseded(&shared, &route, other));
                     }
                     return Ok(refuse(
                         &shared,
@@ -345,7 +330,7 @@ where
                 },
                 Completion::TransactionMisused => Problem::TransactionMisused,
                 // Answered as the record's or the duplicate's retry would be.
-                Completion::Superseded(other) => return Ok(superseded(&shared, other)),
+                Completion::Superseded(other) => return Ok(superseded(&shared, &route, other)),
                 _ => return Ok(Response::from_parts(parts, body)),
             };
             Ok(self::answer(&shared, answer))
@@ -426,24 +411,6 @@ impl std::fmt::Display for KeyHash<'_> {
         }
         Ok(())
     }
-}
-
-/// The stored response, byte for byte, marked as a replay.
-fn replay(stored: StoredResponse, marker: &http::HeaderName) -> Response<IdempotencyBody> {
-    let omitted = stored.body_omitted();
-    let (status, headers, body) = stored.into_parts();
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    let headers = response.headers_mut();
-    headers.insert(marker.clone(), HeaderValue::from_static("true"));
-    if omitted {
-        headers.insert(
-            http::HeaderName::from_static("idempotent-replay-body"),
-            HeaderValue::from_static("omitted"),
-        );
-    }
-    response
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             return Ok(tx);
         }
         let shared = &self.shared;
-        match shared.call(StoreOp::BeginTransaction, tx.settle()).await {
+        match shared.call(StoreOp::Settle, tx.settle()).await {
             Ok(Settled::Proceed) => Ok(tx),
             Ok(Settled::Existing(record)) => {
                 tracing::debug!(

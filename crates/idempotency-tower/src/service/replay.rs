@@ -1,0 +1,63 @@
+//! The answers that are the key's, not the handler's: a stored response replayed, and what a
+//! request answers when its key turned out another's.
+
+use super::{Problem, RETRY_AFTER, Refused, answer, refuse};
+use crate::body::{IdempotencyBody, full};
+use crate::config::Shared;
+use crate::route::{Outcome, Route};
+use http::{HeaderValue, Response};
+use idempotency_core::{StoredResponse, Superseded};
+
+/// What a request answers when its key turned out another's as its guard ended: a duplicate
+/// completed first (its writes rolled back), or, in the speculative mode, the key's lookup
+/// found it taken (the handler's statements were refused).
+/// Counted under that answer's outcome too (the request already counts as `executed`: its
+/// handler ran), which the span then shows.
+pub(super) fn superseded<S>(
+    shared: &Shared<S>,
+    route: &Route,
+    superseded: Superseded,
+) -> Response<IdempotencyBody> {
+    match superseded {
+        Superseded::Replay(stored) => {
+            Outcome::Replayed.record(route);
+            replay(stored, &shared.settings.replay_header)
+        }
+        Superseded::Mismatch => {
+            refuse(shared, route, Refused(Problem::Mismatch, Outcome::Mismatch))
+        }
+        Superseded::InFlight { retry_after } => refuse(
+            shared,
+            route,
+            Refused(Problem::InFlight { retry_after }, Outcome::Conflict),
+        ),
+        // A cause this version does not know: the retry finds out.
+        _ => answer(
+            shared,
+            Problem::InFlight {
+                retry_after: RETRY_AFTER,
+            },
+        ),
+    }
+}
+
+/// The stored response, byte for byte, marked as a replay.
+pub(super) fn replay(
+    stored: StoredResponse,
+    marker: &http::HeaderName,
+) -> Response<IdempotencyBody> {
+    let omitted = stored.body_omitted();
+    let (status, headers, body) = stored.into_parts();
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    let headers = response.headers_mut();
+    headers.insert(marker.clone(), HeaderValue::from_static("true"));
+    if omitted {
+        headers.insert(
+            http::HeaderName::from_static("idempotent-replay-body"),
+            HeaderValue::from_static("omitted"),
+        );
+    }
+    response
+}
