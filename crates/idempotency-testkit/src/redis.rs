@@ -191,7 +191,6 @@ impl Drop for TempRedis {
     }
 }
 
-/// A throwaway Redis Cluster of three masters and no replicas, joined with
 /// The `redis-server` arguments of a cluster node whose bus listens on `bus`.
 fn cluster_args(bus: &str) -> [&str; 8] {
     [
@@ -224,6 +223,8 @@ fn run_cli(args: &[&str]) -> io::Result<()> {
     }
 }
 
+/// A throwaway Redis Cluster of three masters (and, with
+/// [`start_with_replicas`](Self::start_with_replicas), one replica each), joined with
 /// `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct TempRedisCluster {
@@ -268,6 +269,10 @@ impl TempRedisCluster {
         // The reshard needs every node to know the new one.
         let count = self.nodes.len();
         self.wait_until(|info| info.contains(&format!("cluster_known_nodes:{count}")))?;
+        // Knowing the new node is not enough: `reshard` refuses while the nodes' views of the
+        // slots differ ("Nodes don't agree about configuration!"), which gossip settles a
+        // moment later (a CI run on a busy machine hit it). Wait for `--cluster check`.
+        self.wait_until_consistent(&first)?;
         run_cli(&[
             "--cluster",
             "reshard",
@@ -281,7 +286,31 @@ impl TempRedisCluster {
             "--cluster-yes",
         ])?;
         self.wait_until(|info| info.contains("cluster_state:ok"))?;
+        self.wait_until_consistent(&first)?;
         Ok(count - 1)
+    }
+
+    /// Waits up to 30 s until `redis-cli --cluster check` through `entry` finds every node
+    /// agreeing on the configuration, with no open slot; the last check's output if never.
+    fn wait_until_consistent(&self, entry: &str) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = Command::new("redis-cli")
+                .args(["--cluster", "check", entry])
+                .stdin(Stdio::null())
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() && !text.contains("[ERR]") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "the cluster never agreed on its configuration: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Waits up to 30 s until `CLUSTER INFO` satisfies `ok` on every node.
