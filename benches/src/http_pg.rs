@@ -167,6 +167,31 @@ pub struct PgRow {
     pub app_cpu: Option<Duration>,
     /// Median CPU time of all PostgreSQL processes per request.
     pub db_cpu: Option<Duration>,
+    /// Median share of the machine's CPU time that the hypervisor took for others during the
+    /// variant's rounds (`steal` in `/proc/stat`): a slow hour shows here.
+    pub steal: Option<f64>,
+}
+
+/// The machine's CPU ticks stolen by the hypervisor and its total ticks, from `/proc/stat`'s
+/// `cpu` line; `None` where it cannot be read.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is counted in user).
+    let counted = fields.get(..8)?;
+    Some((counted[7], counted.iter().sum()))
+}
+
+/// The share of CPU ticks stolen between two readings of [`cpu_ticks`].
+fn steal_between(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((steal0, total0), (steal1, total1)) = (before?, after?);
+    let total = total1.checked_sub(total0).filter(|t| *t > 0)?;
+    Some(steal1.saturating_sub(steal0) as f64 / total as f64)
 }
 
 /// CPU time (user + system) of every process named `postgres`, from `/proc`; `None` where it
@@ -197,8 +222,14 @@ fn postgres_cpu() -> Option<Duration> {
     found.then(|| Duration::from_millis(ticks * 10))
 }
 
-/// One round of one variant: its figures, WAL bytes per request, database CPU per request.
-type Measured = (Round, f64, Option<Duration>);
+/// One round of one variant.
+#[derive(Clone, Copy)]
+struct Measured {
+    figures: Round,
+    wal_per_request: f64,
+    db_cpu: Option<Duration>,
+    steal: Option<f64>,
+}
 
 async fn wal_lsn(client: &tokio_postgres::Client) -> Result<i64, String> {
     let row = client
@@ -236,18 +267,21 @@ async fn measure_one(
     round(&server, Workload::FreshKeys, connections, warm_up).await?;
     let before = wal_lsn(admin).await?;
     let db_before = postgres_cpu();
+    let ticks_before = cpu_ticks();
     let figures = round(&server, Workload::FreshKeys, connections, length).await?;
+    let steal = steal_between(ticks_before, cpu_ticks());
     let db_cpu = match (db_before, postgres_cpu()) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
     let wal = (wal_lsn(admin).await? - before) as f64;
     let requests = (figures.throughput * length.as_secs_f64()).max(1.0);
-    Ok((
+    Ok(Measured {
         figures,
-        wal / requests,
-        db_cpu.map(|cpu| cpu.div_f64(requests)),
-    ))
+        wal_per_request: wal / requests,
+        db_cpu: db_cpu.map(|cpu| cpu.div_f64(requests)),
+        steal,
+    })
 }
 
 /// Runs `rounds` rounds at each of `clients` connection counts, on the database at `url` (a pool
@@ -300,36 +334,37 @@ pub async fn compare(
             let pick = |f: &dyn Fn(&Measured) -> f64| {
                 median(&mut pairs.iter().map(|(v, _)| f(v)).collect::<Vec<_>>())
             };
+            let optional = |f: &dyn Fn(&Measured) -> Option<f64>| {
+                let values: Option<Vec<f64>> = pairs.iter().map(|(v, _)| f(v)).collect();
+                values.map(|mut v| median(&mut v))
+            };
             let cpu = |f: &dyn Fn(&Measured) -> Option<Duration>| {
-                let values: Option<Vec<f64>> = pairs
-                    .iter()
-                    .map(|(v, _)| f(v).map(|d| d.as_secs_f64()))
-                    .collect();
-                values.map(|mut v| Duration::from_secs_f64(median(&mut v)))
+                optional(&|m| f(m).map(|d| d.as_secs_f64())).map(Duration::from_secs_f64)
             };
             let ratio = median(
                 &mut pairs
                     .iter()
-                    .map(|(v, b)| v.0.throughput / b.0.throughput)
+                    .map(|(v, b)| v.figures.throughput / b.figures.throughput)
                     .collect::<Vec<_>>(),
             );
             let p99_ratio = median(
                 &mut pairs
                     .iter()
-                    .map(|(v, b)| v.0.p99.as_secs_f64() / b.0.p99.as_secs_f64())
+                    .map(|(v, b)| v.figures.p99.as_secs_f64() / b.figures.p99.as_secs_f64())
                     .collect::<Vec<_>>(),
             );
             rows.push(PgRow {
                 variant,
                 clients: connections,
-                throughput: pick(&|(f, ..)| f.throughput),
-                p50: Duration::from_secs_f64(pick(&|(f, ..)| f.p50.as_secs_f64())),
-                p99: Duration::from_secs_f64(pick(&|(f, ..)| f.p99.as_secs_f64())),
-                wal_per_request: pick(&|(_, w, _)| *w),
+                throughput: pick(&|m| m.figures.throughput),
+                p50: Duration::from_secs_f64(pick(&|m| m.figures.p50.as_secs_f64())),
+                p99: Duration::from_secs_f64(pick(&|m| m.figures.p99.as_secs_f64())),
+                wal_per_request: pick(&|m| m.wal_per_request),
                 ratio,
                 p99_ratio,
-                app_cpu: cpu(&|(f, ..)| f.cpu_per_request),
-                db_cpu: cpu(&|(.., d)| *d),
+                app_cpu: cpu(&|m| m.figures.cpu_per_request),
+                db_cpu: cpu(&|m| m.db_cpu),
+                steal: optional(&|m| m.steal),
             });
         }
     }
@@ -340,8 +375,8 @@ pub async fn compare(
 /// The rows as a Markdown table.
 pub fn markdown_table(rows: &[PgRow]) -> String {
     let mut table = String::from(
-        "| clients | handler | req/s | × bare transaction | p50 | p99 | p99 × bare transaction | WAL / request | app CPU / request | database CPU / request | round trips |\n\
-         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| clients | handler | req/s | × bare transaction | p50 | p99 | p99 × bare transaction | WAL / request | app CPU / request | database CPU / request | CPU steal | round trips |\n\
+         | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     let us = |d: Option<Duration>| {
         d.map_or("?".to_owned(), |d| {
@@ -350,7 +385,7 @@ pub fn markdown_table(rows: &[PgRow]) -> String {
     };
     for row in rows {
         table.push_str(&format!(
-            "| {} | {} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0} B | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.2}x | {:.2} ms | {:.2} ms | {:.2}x | {:.0} B | {} | {} | {} | {} |\n",
             row.clients,
             row.variant.name(),
             row.throughput,
@@ -361,6 +396,8 @@ pub fn markdown_table(rows: &[PgRow]) -> String {
             row.wal_per_request,
             us(row.app_cpu),
             us(row.db_cpu),
+            row.steal
+                .map_or("?".to_owned(), |s| format!("{:.1}%", s * 100.0)),
             row.variant.round_trips(),
         ));
     }
