@@ -195,11 +195,13 @@ pub(super) fn http_pg_section(
         "\n## Through HTTP on PostgreSQL: what a service sees\n\nOne create-task handler (an `INSERT` into a LOGGED \
          table), each variant served by its own child process on a 32-connection pool, driven with fresh keys over \
          loopback keep-alive connections; client, server and database share the machine's cores. Bare in autocommit, \
-         bare in its own transaction (the reference), the one-transaction mode's SQL written by hand without the \
-         library, and behind the layer in the lease mode and the one-transaction mode with an UNLOGGED and a LOGGED \
-         key table. Rounds interleaved with the order rotated; medians, and medians of the per-round ratios to the \
-         bare transaction. WAL is `pg_current_wal_insert_lsn()` before and after a round; CPU per request from \
-         `/proc` (the server process; all `postgres` processes).\n"
+         bare in its own transaction (the reference), the one-transaction and the speculative modes' SQL written by \
+         hand without the library, and behind the layer in the lease mode, the one-transaction mode and the \
+         speculative one-transaction mode with an UNLOGGED and a LOGGED key table. Rounds interleaved with the order \
+         rotated; medians, and medians of the per-round ratios to the bare transaction. WAL is \
+         `pg_current_wal_insert_lsn()` before and after a round; CPU per request from `/proc` (the server process; \
+         all `postgres` processes); CPU steal is the share of the machine's CPU time the hypervisor gave to others \
+         during the variant's rounds (`/proc/stat`).\n"
     )?;
     if let Some(chart) = chart {
         writeln!(w, "![requests/s and WAL per request by mode]({chart})\n")?;
