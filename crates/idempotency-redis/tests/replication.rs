@@ -15,6 +15,17 @@ mod redis_store {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    /// How long a store waits for a healthy replica's acknowledgement where the test needs it to
+    /// come: on a busy CI machine an acknowledgement took over 300 ms, which failed a claim the
+    /// test expected to be replicated. A wait that must time out (the replica cut off) takes
+    /// all of it, twice for the first write of a script the server has not cached (its
+    /// `NOSCRIPT` answer comes after the pipeline's `WAIT`, and the resent pipeline waits
+    /// again).
+    const ACK_WAIT: Duration = Duration::from_secs(2);
+
+    /// The response timeout of a store waiting [`ACK_WAIT`] (it must be longer than the wait).
+    const ACK_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
     fn key(i: usize) -> IdempotencyKey {
         IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque())
             .expect("valid key")
@@ -163,7 +174,8 @@ mod redis_store {
             .expect("build without waiting");
         let waiting = RedisStore::builder(master.url())
             .key_prefix("idem-wait:")
-            .wait_for_replicas(1, Duration::from_millis(300))
+            .response_timeout(ACK_RESPONSE_TIMEOUT)
+            .wait_for_replicas(1, ACK_WAIT)
             .build()
             .await
             .expect("build waiting for one replica");
@@ -238,12 +250,15 @@ mod redis_store {
         let (master, replica) = master_and_replica().await;
         let store = RedisStore::builder(master.url())
             .key_prefix("idem-wait-complete:")
-            .wait_for_replicas(1, Duration::from_millis(300))
+            .response_timeout(ACK_RESPONSE_TIMEOUT)
+            .wait_for_replicas(1, ACK_WAIT)
             .watch_interval(None)
             .build()
             .await
             .expect("build waiting for one replica");
-        let engine = Engine::new(store, EngineConfig::default());
+        // Room for the completion's two waits (see `ACK_WAIT`) on a busy machine.
+        let config = EngineConfig::default().with_store_timeout(Duration::from_secs(10));
+        let engine = Engine::new(store, config);
         let scope = Scope::new("user-1").expect("scope");
         let Begin::Proceed(guard) = engine
             .begin(scope.clone(), key(0), fp())
@@ -340,7 +355,8 @@ mod redis_store {
         idempotency_conformance::run_conformance!(async {
             RedisStore::builder(&url)
                 .key_prefix(format!("idem-wait:{}:", uuid::Uuid::new_v4().simple()))
-                .wait_for_replicas(1, Duration::from_millis(500))
+                .response_timeout(ACK_RESPONSE_TIMEOUT)
+                .wait_for_replicas(1, ACK_WAIT)
                 .build()
                 .await
                 .unwrap_or_else(|e| panic!("could not build the waiting store: {e}"))
@@ -399,7 +415,10 @@ mod redis_store {
         let store = loop {
             match RedisStore::cluster_builder(cluster.urls())
                 .key_prefix("idem-cluster-wait:")
-                .wait_for_replicas(1, Duration::from_millis(300))
+                // Under the cluster client's default response timeout (2 s), which a claim that
+                // waits on the frozen node's slot map must not outlast by much; long enough for
+                // the healthy replicas to answer on a busy machine.
+                .wait_for_replicas(1, Duration::from_millis(1500))
                 .build()
                 .await
             {
