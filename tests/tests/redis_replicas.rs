@@ -49,7 +49,10 @@ async fn an_unreplicated_claim_is_refused_before_the_handler_runs() {
     let replica = TempRedis::start(&["--replicaof", "127.0.0.1", &port]).unwrap();
     until_replicated(&master).await;
     let store = RedisStore::builder(master.url())
-        .wait_for_replicas(1, Duration::from_millis(300))
+        // Long enough for the replica to acknowledge on a busy CI machine once it is back
+        // (300 ms was not, in the replication tests); the refused claim waits it out.
+        .response_timeout(Duration::from_secs(10))
+        .wait_for_replicas(1, Duration::from_secs(2))
         .watch_interval(None)
         .build()
         .await

@@ -415,10 +415,10 @@ mod redis_store {
         let store = loop {
             match RedisStore::cluster_builder(cluster.urls())
                 .key_prefix("idem-cluster-wait:")
-                // Under the cluster client's default response timeout (2 s), which a claim that
-                // waits on the frozen node's slot map must not outlast by much; long enough for
-                // the healthy replicas to answer on a busy machine.
-                .wait_for_replicas(1, Duration::from_millis(1500))
+                // Twice this (a first write of a script, see `ACK_WAIT`) stays under the
+                // cluster client's default response timeout (2 s); long enough for the healthy
+                // replicas to answer on a busy machine.
+                .wait_for_replicas(1, Duration::from_millis(900))
                 .build()
                 .await
             {
