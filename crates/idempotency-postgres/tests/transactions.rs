@@ -302,7 +302,9 @@ mod postgres {
         }
     }
 
-    /// The key is released within 5 s (in the background): a new request proceeds.
+    /// The key is released within 5 s (in the background): a new request proceeds. Lease and
+    /// lookup-first modes only: in the speculative mode `begin` proceeds before the key's lookup
+    /// answers, so a proceed proves nothing there (use `runs_again_once`).
     async fn assert_released<S: Driver>(engine: &Engine<S>, s: &Scope, k: &IdempotencyKey) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
