@@ -24,25 +24,43 @@ mod redis {
         IdempotencyKey::parse(format!("key-{i}").as_bytes(), KeyFormat::opaque()).expect("key")
     }
 
-    /// Completes `n` keys with 32 KiB responses each; returns how many completed (once Redis
-    /// is full and cannot evict, writes fail: that is `noeviction` doing its job).
-    async fn fill(store: &RedisStore, scope: &Scope, n: usize) -> usize {
+    /// What [`fill`] saw.
+    #[derive(Debug, Default)]
+    struct Filled {
+        /// Keys whose completion was applied.
+        completed: usize,
+        /// Keys whose completion was refused as `Stale`: an evicting server dropped the claim
+        /// between the claim and its completion (an in-flight claim has a TTL like any record).
+        claim_evicted: usize,
+        /// The answer that stopped the fill (a full server under `noeviction`), if any.
+        stopped: Option<String>,
+    }
+
+    /// Claims and completes `n` keys with 32 KiB responses each.
+    async fn fill(store: &RedisStore, scope: &Scope, n: usize) -> Filled {
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
         let body = Bytes::from(vec![b'x'; 32 * 1024]);
-        let mut completed = 0;
+        let mut filled = Filled::default();
         for i in 0..n {
             let token = LeaseToken::new();
-            let Ok(ClaimOutcome::Claimed) = store.claim(scope, &key(i), &fp, token, HOUR).await
-            else {
-                break;
-            };
+            match store.claim(scope, &key(i), &fp, token, HOUR).await {
+                Ok(ClaimOutcome::Claimed) => {}
+                other => {
+                    filled.stopped = Some(format!("claim {i}: {other:?}"));
+                    break;
+                }
+            }
             let response = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), body.clone());
             match store.complete(scope, &key(i), token, &response, HOUR).await {
-                Ok(FenceOutcome::Applied) => completed += 1,
-                _ => break,
+                Ok(FenceOutcome::Applied) => filled.completed += 1,
+                Ok(FenceOutcome::Stale) => filled.claim_evicted += 1,
+                other => {
+                    filled.stopped = Some(format!("complete {i}: {other:?}"));
+                    break;
+                }
             }
         }
-        completed
+        filled
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,8 +115,13 @@ mod redis {
             .expect("allowed");
         let scope = Scope::new("user").expect("scope");
         // 8 MiB of responses into 4 MiB.
-        let completed = fill(&store, &scope, 256).await;
-        assert_eq!(completed, 256, "an evicting server accepts every write");
+        let filled = fill(&store, &scope, 256).await;
+        assert!(
+            filled.stopped.is_none() && filled.completed + filled.claim_evicted == 256,
+            "an evicting server accepts every write: {filled:?}"
+        );
+        // An evicted claim is refused at completion (the fence), never overwritten.
+        assert!(filled.completed > 0, "{filled:?}");
         let evicted = store.check_evictions().await.expect("INFO stats");
         assert!(evicted > 0, "Redis must have evicted keys");
         assert_eq!(store.evicted_keys_seen(), evicted);
@@ -109,7 +132,7 @@ mod redis {
         );
         // What a client sees: the retry of a key whose record was evicted runs again.
         let mut lost = 0;
-        for i in 0..completed {
+        for i in 0..256 {
             if store.get(&scope, &key(i)).await.expect("get").is_none() {
                 lost += 1;
                 let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
@@ -136,7 +159,11 @@ mod redis {
             .await
             .expect("allowed");
         let scope = Scope::new("user").expect("scope");
-        fill(&store, &scope, 256).await;
+        let filled = fill(&store, &scope, 256).await;
+        assert!(
+            filled.stopped.is_none(),
+            "an evicting server accepts every write: {filled:?}"
+        );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while store.evicted_keys_seen() == 0 {
             assert!(
@@ -156,8 +183,18 @@ mod redis {
             .await
             .expect("noeviction");
         let scope = Scope::new("user").expect("scope");
-        let completed = fill(&store, &scope, 256).await;
+        let filled = fill(&store, &scope, 256).await;
+        let completed = filled.completed;
         assert!(completed < 256, "4 MiB cannot hold 8 MiB of responses");
+        assert_eq!(
+            filled.claim_evicted, 0,
+            "noeviction drops nothing: {filled:?}"
+        );
+        let stopped = filled.stopped.expect("a full server stopped the fill");
+        assert!(
+            stopped.contains("Full"),
+            "stopped by a full server: {stopped}"
+        );
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
         let refused = store
             .claim(&scope, &key(10_000), &fp, LeaseToken::new(), HOUR)
