@@ -295,8 +295,8 @@ mod redis {
     async fn restart_mid_traffic() {
         let server = TempRedis::start(&[]).unwrap();
         let store = RedisStore::builder(server.url())
-            .connect_timeout(Duration::from_millis(500))
-            .response_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
             .build()
             .await
             .unwrap();

@@ -96,8 +96,8 @@ async fn after_a_store_loss_every_instance_replays_what_the_store_holds() {
     let mut server = TempRedis::start(&[]).unwrap_or_else(|e| panic!("throwaway redis: {e}"));
     let store = || async {
         RedisStore::builder(server.url())
-            .connect_timeout(Duration::from_millis(500))
-            .response_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
             // No background watch: only the tier's own check can notice the loss.
             .watch_interval(None)
             .build()

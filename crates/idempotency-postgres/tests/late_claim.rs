@@ -77,15 +77,25 @@ mod postgres {
 
         // The other transaction gives the key up: the waiting claim inserts its row now.
         other.batch_execute("ROLLBACK").await.expect("ROLLBACK");
-        tokio::time::sleep(Duration::from_millis(300)).await;
 
+        // The late claim lands and its release runs after it on the same connection: within
+        // moments (a busy machine may take a while), far from the claim's lease.
         let fresh = Engine::new(store, EngineConfig::default());
-        match fresh.begin(scope, key, fp()).await {
-            Ok(Begin::Proceed(guard)) => drop(guard),
-            other => panic!(
-                "the key must be free once the abandoned claim landed, not held for its {LEASE:?} \
-                 lease: got {other:?}"
-            ),
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match fresh.begin(scope.clone(), key.clone(), fp()).await {
+                Ok(Begin::Proceed(guard)) => {
+                    drop(guard);
+                    break;
+                }
+                Ok(Begin::InFlight { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => panic!(
+                    "the key must be free once the abandoned claim landed, not held for its \
+                     {LEASE:?} lease: got {other:?}"
+                ),
+            }
         }
     }
 

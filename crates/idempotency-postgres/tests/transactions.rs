@@ -533,7 +533,8 @@ mod postgres {
         let f = Fixture::<S>::new(TableMode::Logged).await;
         for mode in [ClaimMode::Lease, ClaimMode::OneTransaction] {
             for lands in [true, false] {
-                // Holds every COMMIT that inserted a side effect for 800 ms, then lets it
+                // Holds every COMMIT that inserted a side effect for 1.5 s (three times the
+                // store timeout, so a busy machine's slow BEGIN does not matter), then lets it
                 // commit or refuses it.
                 let end = if lands {
                     "RETURN NULL;"
@@ -542,7 +543,7 @@ mod postgres {
                 };
                 f.sql(&format!(
                     "CREATE OR REPLACE FUNCTION \"{{schema}}\".hold_commit() RETURNS trigger \
-                     LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.8); {end} END $$; \
+                     LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1.5); {end} END $$; \
                      DROP TRIGGER IF EXISTS hold_commit ON \"{{schema}}\".side_effects; \
                      CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT \
                        ON \"{{schema}}\".side_effects DEFERRABLE INITIALLY DEFERRED \
@@ -552,7 +553,7 @@ mod postgres {
                 let engine = f.engine(
                     EngineConfig::default()
                         .with_claim_mode(mode)
-                        .with_store_timeout(Duration::from_millis(200)),
+                        .with_store_timeout(Duration::from_millis(500)),
                 );
                 let (s, k) = (scope(), key());
                 let guard = proceed(&engine, &s, &k).await;
@@ -563,7 +564,7 @@ mod postgres {
                     "{mode:?}, lands: {lands}"
                 );
                 // The held COMMIT ends; the retry learns its outcome.
-                tokio::time::sleep(Duration::from_millis(1200)).await;
+                tokio::time::sleep(Duration::from_millis(2000)).await;
                 if lands {
                     match engine.begin(s.clone(), k.clone(), fp()).await {
                         Ok(Begin::Replay(stored)) => {
@@ -807,6 +808,9 @@ mod postgres {
             Ok(other) => panic!("a free key: proceed or fail, got {other:?}"),
         }
         blocker.batch_execute("COMMIT").await.expect("unlock");
+        // The retry, with the default store timeout: a busy machine must not refuse it.
+        let engine =
+            f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransactionSpeculative));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let retry = loop {
             match engine.begin(s.clone(), k.clone(), fp()).await {

@@ -16,8 +16,9 @@ mod redis {
     async fn store_errors_while_redis_is_down_and_recovers_after() {
         let mut server = TempRedis::start(&[]).unwrap_or_else(|e| panic!("throwaway redis: {e}"));
         let store = RedisStore::builder(server.url())
-            .connect_timeout(Duration::from_millis(500))
-            .response_timeout(Duration::from_millis(500))
+            // Long enough for a busy machine, short enough to fail fast while Redis is down.
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
             .build()
             .await
             .expect("connect");
