@@ -269,6 +269,10 @@ impl RedisStoreBuilder {
             .plant_sentinels()
             .await
             .map_err(RedisStoreError::Connect)?;
+        store
+            .load_scripts()
+            .await
+            .map_err(RedisStoreError::Connect)?;
         let policies = eviction::policies(&store.inner.connection)
             .await
             .map_err(RedisStoreError::Inspect)?;

@@ -4,6 +4,7 @@
 use crate::connection::Connection;
 use crate::error::{BACKEND, corrupt, redis_error};
 use crate::store::{RedisStore, ReplicaWait};
+use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
 use idempotency_core::StoreError;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
@@ -26,7 +27,7 @@ impl RedisStore {
         step: &str,
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
         if self.inner.needs_check.swap(false, Ordering::Relaxed) {
-            self.check_state().await?;
+            self.check_after_failure().await?;
         }
         let waiting = &self.inner.waiting;
         let next = self.inner.next_waiting.fetch_add(1, Ordering::Relaxed);
@@ -43,12 +44,10 @@ impl RedisStore {
         if let Err(error) = &sent
             && error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
         {
-            // The server lost its script cache (a restart, a failover): load it, then resend.
-            let loaded = match connection {
-                Connection::Single(c) => invocation.load_async(&mut c.clone()).await,
-                Connection::Cluster(c) => invocation.load_async(&mut c.clone()).await,
-            };
-            sent = match loaded {
+            // The server lost its script cache (a restart, a failover the store did not
+            // notice, `SCRIPT FLUSH`): load every script, so the next write of another script
+            // does not wait twice too, then resend.
+            sent = match self.load_scripts().await {
                 Ok(_) => send_pipeline(connection, &pipeline, record).await,
                 Err(error) => Err(error),
             };
@@ -71,6 +70,27 @@ impl RedisStore {
                 .into(),
             }),
         ))
+    }
+
+    /// With `wait_for_replicas`: loads every script into the script cache of every node (the
+    /// server, or each node of a cluster: `SCRIPT LOAD` goes to all of them), so that a write
+    /// and its `WAIT`, sent as `EVALSHA` in one pipeline, is not answered `NOSCRIPT` (which
+    /// comes only after the pipeline's `WAIT`, and the resent pipeline waits again: with the
+    /// replicas behind, twice the timeout). Run when the store is built, when a state check
+    /// finds data lost, and before the first call after a connection failure (a restart or a
+    /// failover empties the cache). Without a wait, a `NOSCRIPT` costs one extra round trip
+    /// and nothing is loaded ahead.
+    pub(crate) async fn load_scripts(&self) -> Result<(), RedisError> {
+        if self.inner.replica_wait.is_none() {
+            return Ok(());
+        }
+        for script in [&*CLAIM, &*COMPLETE, &*EXTEND, &*RELEASE, &*GET] {
+            match &self.inner.connection {
+                Connection::Single(c) => script.load_async(&mut c.clone()).await?,
+                Connection::Cluster(c) => script.load_async(&mut c.clone()).await?,
+            };
+        }
+        Ok(())
     }
 
     /// Runs a script that writes `record` (`step`: the claim, the completion): with
@@ -108,7 +128,7 @@ impl RedisStore {
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         if self.inner.needs_check.swap(false, Ordering::Relaxed) {
-            self.check_state().await?;
+            self.check_after_failure().await?;
         }
         async fn on<C: ConnectionLike, T: redis::FromRedisValue>(
             mut connection: C,

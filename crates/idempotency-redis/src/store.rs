@@ -164,6 +164,10 @@ impl RedisStore {
             self.inner.needs_check.store(true, Ordering::Relaxed);
             redis_error(e)
         })?;
+        if !missing.is_empty() {
+            // A server that lost its data (a restart, a failover) lost its script cache too.
+            self.reload_scripts().await?;
+        }
         for sentinel in &missing {
             self.inner.losses.found(
                 BACKEND,
@@ -173,6 +177,23 @@ impl RedisStore {
             );
         }
         Ok(!missing.is_empty())
+    }
+
+    /// The check the store runs before its first call after a connection failure: the state,
+    /// and the script cache, which a restart or a failover empties even when no data is lost
+    /// (a replica promoted with every record).
+    pub(crate) async fn check_after_failure(&self) -> Result<(), StoreError> {
+        if !self.check_state().await? {
+            self.reload_scripts().await?;
+        }
+        Ok(())
+    }
+
+    async fn reload_scripts(&self) -> Result<(), StoreError> {
+        self.load_scripts().await.map_err(|e| {
+            self.inner.needs_check.store(true, Ordering::Relaxed);
+            redis_error(e)
+        })
     }
 
     /// How many times this store found Redis' data gone (see [`RedisStore::check_state`]).
