@@ -159,15 +159,12 @@ impl RedisStore {
     /// `maxmemory-policy`). On a cluster every master holds a sentinel of its own. The store runs
     /// it by itself before its first call after a connection failure, and its watch runs it
     /// periodically ([`RedisStoreBuilder::watch_interval`](crate::RedisStoreBuilder::watch_interval)).
+    /// A store that waits for replicas loads its scripts again when the check finds a loss.
     pub async fn check_state(&self) -> Result<bool, StoreError> {
         let missing = self.plant_sentinels().await.map_err(|e| {
             self.inner.needs_check.store(true, Ordering::Relaxed);
             redis_error(e)
         })?;
-        if !missing.is_empty() {
-            // A server that lost its data (a restart, a failover) lost its script cache too.
-            self.reload_scripts().await?;
-        }
         for sentinel in &missing {
             self.inner.losses.found(
                 BACKEND,
@@ -175,6 +172,14 @@ impl RedisStore {
                 "Redis no longer holds this sentinel key: a restart without persistence, a \
                  failover, FLUSHALL or eviction",
             );
+        }
+        // A server that lost its data (a restart, a failover) lost its script cache too. The
+        // losses are counted first: the sentinels are planted again already, so a later check
+        // would not find them missing. A failed load is retried before the next call.
+        if !missing.is_empty()
+            && let Err(error) = self.reload_scripts().await
+        {
+            tracing::warn!(error = %idempotency_core::ErrorChain(&error), "could not load the store's scripts after a loss; retried before the next call");
         }
         Ok(!missing.is_empty())
     }
