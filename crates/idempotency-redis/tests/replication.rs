@@ -148,6 +148,18 @@ mod redis_store {
         (master, replica)
     }
 
+    /// A store on `master` that waits [`ACK_WAIT`] for one replica, without a watch.
+    async fn waiting_store(master: &TempRedis, prefix: &str) -> RedisStore {
+        RedisStore::builder(master.url())
+            .key_prefix(prefix)
+            .response_timeout(ACK_RESPONSE_TIMEOUT)
+            .wait_for_replicas(1, ACK_WAIT)
+            .watch_interval(None)
+            .build()
+            .await
+            .expect("build waiting for one replica")
+    }
+
     async fn claim_and_complete(store: &RedisStore, scope: &Scope, key: &IdempotencyKey) {
         let token = LeaseToken::new();
         let claimed = store.claim(scope, key, &fp(), token, HOUR).await;
@@ -246,14 +258,7 @@ mod redis_store {
     async fn a_completion_the_replica_missed_is_kept_and_the_request_runs_once() {
         use idempotency_core::{Begin, Completion, Engine, EngineConfig};
         let (master, replica) = master_and_replica().await;
-        let store = RedisStore::builder(master.url())
-            .key_prefix("idem-wait-complete:")
-            .response_timeout(ACK_RESPONSE_TIMEOUT)
-            .wait_for_replicas(1, ACK_WAIT)
-            .watch_interval(None)
-            .build()
-            .await
-            .expect("build waiting for one replica");
+        let store = waiting_store(&master, "idem-wait-complete:").await;
         // Room for the completion's wait (see `ACK_WAIT`), which times out, on a busy machine.
         let config = EngineConfig::default().with_store_timeout(Duration::from_secs(10));
         let engine = Engine::new(store, config);
@@ -344,14 +349,7 @@ mod redis_store {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_write_finds_its_script_loaded() {
         let (master, _replica) = master_and_replica().await;
-        let store = RedisStore::builder(master.url())
-            .key_prefix("idem-scripts:")
-            .response_timeout(ACK_RESPONSE_TIMEOUT)
-            .wait_for_replicas(1, ACK_WAIT)
-            .watch_interval(None)
-            .build()
-            .await
-            .expect("build waiting for one replica");
+        let store = waiting_store(&master, "idem-scripts:").await;
         let scope = Scope::new("user-1").expect("scope");
         claim_and_complete(&store, &scope, &key(0)).await;
         assert_eq!(
