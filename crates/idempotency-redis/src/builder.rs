@@ -125,6 +125,12 @@ impl RedisStoreBuilder {
     /// `idempotency_redis_replica_wait_shortfalls_total`. It costs a replica round trip per step (the report's
     /// "Redis: waiting for replicas" measures it), and with fewer than `replicas` replicas up
     /// every request fails. `timeout` must be shorter than the response timeout.
+    ///
+    /// A write and its `WAIT` go in one pipeline, so a server without the script would answer
+    /// `NOSCRIPT` only after waiting, and the resent write would wait again: the store loads its
+    /// scripts on every node when it is built, after a loss its check finds and after a
+    /// connection failure. After a script-cache flush it did not notice (`SCRIPT FLUSH`), one
+    /// write can wait twice `timeout`; keep that under the engine's store timeout.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_wait = Some(ReplicaWait { replicas, timeout });
         self
