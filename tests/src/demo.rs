@@ -52,6 +52,21 @@ impl DemoProcess {
         self.addr
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process: `STOP` freezes it as a paused VM
+    /// or a long stop-the-world would, its connections open and silent.
+    pub fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .id()
+            .expect("the demo is still running")
+            .to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal} {pid} failed");
+    }
+
     /// SIGKILL: no shutdown, no completion, no release.
     pub async fn kill(mut self) {
         self.child.kill().await.unwrap();

@@ -47,7 +47,13 @@ pub trait TransactionalStore: Send + Sync {
 
     /// The one-transaction mode: begins a transaction, takes a transaction-scoped lock on
     /// `(scope, key)` **without waiting**, marks the transaction with `token`, and reads the
-    /// key's live record, all in one round trip. Nothing is written:
+    /// key's live record, all in one round trip. Nothing is written.
+    ///
+    /// The transaction holds the key for as long as it is open, so the store must end it from
+    /// the database's side when its process stops answering (a frozen VM, a stop-the-world, a
+    /// host cut off the network): it may sit idle, waiting for the application's next
+    /// statement, for at most `hold` (the engine passes its lease) before the database ends
+    /// the session and rolls it back. Nothing it wrote then commits, and the key is free.
     ///
     /// - a live record: [`KeyedBegin::Existing`], the transaction ended;
     /// - no live record and the lock taken: [`KeyedBegin::Absent`], the transaction open and
@@ -66,8 +72,9 @@ pub trait TransactionalStore: Send + Sync {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<KeyedBegin, StoreError> {
-        let _ = (scope, key, fingerprint, token);
+        let _ = (scope, key, fingerprint, token, hold);
         Err(StoreError::Backend {
             backend: "transactional",
             source: "this store has no one-transaction mode (TransactionalStore::begin_keyed)"
@@ -89,8 +96,9 @@ pub trait TransactionalStore: Send + Sync {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<KeyedBegin, StoreError> {
-        self.begin_keyed(scope, key, fingerprint, token).await
+        self.begin_keyed(scope, key, fingerprint, token, hold).await
     }
 }
 

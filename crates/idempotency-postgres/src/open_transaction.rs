@@ -318,10 +318,11 @@ macro_rules! transactions_on_core {
                 key: &idempotency_core::IdempotencyKey,
                 fingerprint: &idempotency_core::Fingerprint,
                 token: idempotency_core::LeaseToken,
+                hold: std::time::Duration,
             ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
                 let begun = self
                     .inner
-                    .begin_keyed(scope, key, fingerprint, token)
+                    .begin_keyed(scope, key, fingerprint, token, hold)
                     .await?;
                 Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
             }
@@ -332,10 +333,11 @@ macro_rules! transactions_on_core {
                 key: &idempotency_core::IdempotencyKey,
                 fingerprint: &idempotency_core::Fingerprint,
                 token: idempotency_core::LeaseToken,
+                hold: std::time::Duration,
             ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
                 let begun = self
                     .inner
-                    .begin_keyed_speculative(scope, key, fingerprint, token)
+                    .begin_keyed_speculative(scope, key, fingerprint, token, hold)
                     .await?;
                 Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
             }

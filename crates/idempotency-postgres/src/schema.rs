@@ -105,6 +105,9 @@ const EXTEND: &[ParamType] = &[
     ParamType::Uuid,
     ParamType::Float8,
 ];
+/// The one-transaction modes' lookup: scope, key, and the longest the transaction may sit idle
+/// (ms).
+const KEY_HOLD: &[ParamType] = &[ParamType::Text, ParamType::Text, ParamType::Int8];
 const KEYED_INSERT: &[ParamType] = &[
     ParamType::Text,
     ParamType::Text,
@@ -174,6 +177,12 @@ impl Statements {
             "pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {}))",
             lock_seed(name)
         );
+        // The key's hold bounded from the server's side: the transaction-local
+        // `idle_in_transaction_session_timeout` (`$3`, ms; the engine's lease) ends the session
+        // of a process that stopped answering in the middle of its request (frozen, or cut off
+        // the network), rolling its transaction back and freeing the key's lock. Without it such
+        // a session lives until TCP gives up on it (hours) or for ever (a paused process).
+        let bound = "set_config('idle_in_transaction_session_timeout', $3::int8::text, true)";
         Statements {
             // One round trip. A live row visible to this statement is returned as it is, and
             // the insert is not attempted, so replays and in-flight duplicates only read (no
@@ -299,8 +308,10 @@ impl Statements {
             // a held lock means a duplicate is running) and reads the transaction's start time,
             // `now()`, which identifies the transaction for the insert at commit (a transaction
             // the handler ended and the one that follows it never start at the same
-            // microsecond). No setting is written: a transaction-local `set_config` made every
-            // commit walk the server's settings (`AtEOXact_GUC`, seen in a profile). The lock id
+            // microsecond). The transaction is not marked with a setting: a transaction-local
+            // `set_config` makes every commit walk the server's settings (`AtEOXact_GUC`, seen in
+            // a profile), so the one setting written is the idle bound (`{bound}`, above), which
+            // is a guarantee. The lock id
             // is a 64-bit hash of (scope, key) seeded per table; a collision only makes an
             // unrelated request answer 409 once. Columns: lock taken, the transaction's start,
             // whether the key has a row and whether it is live (NULL: no row; false: an expired
@@ -313,10 +324,10 @@ impl Statements {
                        CASE WHEN l.locked AND (r.expires_at > now()) IS NOT TRUE THEN {XID} END, \
                        {RECORD_COLUMNS}{synchronous} \
                      FROM (SELECT {lock}, \
-                                  {BEGAN}) AS l(locked, began) \
+                                  {BEGAN}, {bound}) AS l(locked, began, bound) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2",
                 ),
-                KEY,
+                KEY_HOLD,
             ),
             // The speculative mode's lookup, queued right behind `BEGIN` with the handler's
             // statements behind it: the same lock and reads as `keyed_begin`, but when the key
@@ -328,11 +339,11 @@ impl Statements {
                 format!(
                     "SELECT l.began, r.expires_at IS NOT NULL, {XID}{synchronous} \
                      FROM (SELECT {lock}, \
-                                  {BEGAN}) AS l(locked, began) \
+                                  {BEGAN}, {bound}) AS l(locked, began, bound) \
                      LEFT JOIN {t} AS r ON r.user_id = $1 AND r.key = $2 \
                      WHERE 1 / (l.locked AND (r.expires_at > now()) IS NOT TRUE)::int = 1",
                 ),
-                KEY,
+                KEY_HOLD,
             ),
             // Sent with `COMMIT` right behind it (one round trip): a plain insert, the cheapest
             // write of a row. The check of the transaction's start (`$4`, read at `BEGIN`) is a

@@ -53,14 +53,19 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             && shared.config.in_flight_wait.is_zero();
         loop {
             let token = LeaseToken::new();
+            // The request's transaction may sit idle for one lease at most: a frozen or cut-off
+            // process holds the key no longer than a lease-mode claim would.
+            let hold = shared.config.lease;
             let begun = shared
                 .call(StoreOp::BeginTransaction, async {
                     if speculative {
                         store
-                            .begin_keyed_speculative(&scope, &key, &fingerprint, token)
+                            .begin_keyed_speculative(&scope, &key, &fingerprint, token, hold)
                             .await
                     } else {
-                        store.begin_keyed(&scope, &key, &fingerprint, token).await
+                        store
+                            .begin_keyed(&scope, &key, &fingerprint, token, hold)
+                            .await
                     }
                 })
                 .await;

@@ -151,6 +151,14 @@ impl<D: Driver> OpenTransaction<D> {
     }
 }
 
+/// `hold` as the server's `idle_in_transaction_session_timeout`, in whole milliseconds: at least
+/// 1 (0 would turn the bound off) and at most what the setting takes (`i32::MAX`, 24.8 days).
+fn idle_limit_ms(hold: Duration) -> i64 {
+    i64::try_from(hold.as_millis())
+        .unwrap_or(i64::MAX)
+        .clamp(1, i64::from(i32::MAX))
+}
+
 impl<D: Driver> StoreCore<D> {
     /// One-transaction mode (see
     /// [`TransactionalStore::begin_keyed`](idempotency_core::TransactionalStore::begin_keyed)).
@@ -162,8 +170,13 @@ impl<D: Driver> StoreCore<D> {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<Begun<D>, StoreError> {
-        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        let params = [
+            Param::Text(scope.as_str()),
+            Param::Text(key.as_str()),
+            Param::Int8(idle_limit_ms(hold)),
+        ];
         let (tx, rows) = self
             .driver
             .begin_with(&self.table.statements.keyed_begin, &params)
@@ -204,11 +217,16 @@ impl<D: Driver> StoreCore<D> {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<Begun<D>, StoreError> {
         if !self.driver.queues_statements() {
-            return self.begin_keyed(scope, key, fingerprint, token).await;
+            return self.begin_keyed(scope, key, fingerprint, token, hold).await;
         }
-        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        let params = [
+            Param::Text(scope.as_str()),
+            Param::Text(key.as_str()),
+            Param::Int8(idle_limit_ms(hold)),
+        ];
         let (tx, lookup) = self
             .driver
             .begin_queued(&self.table.statements.keyed_lookup, &params)
