@@ -26,11 +26,13 @@ use crate::{
     StoredResponse,
 };
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 /// The method under which [`Engine::once`] fingerprints its input. With an empty path (an HTTP
@@ -109,8 +111,10 @@ pub enum OnceError<E> {
     #[error("the work's commit was not confirmed; retry with the same key to learn the outcome")]
     OutcomeUnknown,
     /// The work rolled its transaction back itself (nothing was stored and the key was
-    /// released), ended it in a way the store could not tell, or kept it after returning
-    /// (nothing stored, the key claimed until its lease ends). A bug in the work. (A work that
+    /// released), ended it in a way the store could not tell, kept it after returning
+    /// (nothing stored, the key claimed until its lease ends), or asked for it again while it
+    /// held it ([`TransactionError::InUse`], answered at once; the transaction rolled back and
+    /// the key released). A bug in the work. (A work that
     /// committed its transaction itself has its value stored after that commit: `Ok`.)
     #[error(
         "the work ended its idempotency transaction itself or kept it after returning; nothing \
@@ -245,19 +249,31 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Ok(Begin::Mismatch) => return Err(OnceError::Mismatch),
             Err(error) => return Err(OnceError::Store(error)),
         };
+        let slot = guard.transaction().cloned();
         let context = OnceContext {
             lease: guard.lease().clone(),
-            transaction: guard.transaction().cloned(),
+            transaction: slot.clone(),
         };
         // A released key may turn out another's (the speculative mode settles it only now):
-        // then its answer, not the work's error.
-        let value = match work(context).await {
-            Ok(value) => value,
-            Err(error) => {
+        // then its answer, not the work's error, nor its panic. A panic is caught with the
+        // work's locals dropped, so the guard still reads the key before the panic goes on.
+        let worked = AssertUnwindSafe(work(context)).catch_unwind().await;
+        let value = match worked {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => {
                 return match guard.release().await {
                     Completion::Superseded(superseded) => superseded_outcome(superseded),
+                    _ if slot.is_some_and(|slot| slot.was_misused()) => {
+                        Err(OnceError::TransactionMisused)
+                    }
                     _ => Err(OnceError::Work(error)),
                 };
+            }
+            Err(panic) => {
+                if let Completion::Superseded(superseded) = guard.release().await {
+                    return superseded_outcome(superseded);
+                }
+                std::panic::resume_unwind(panic);
             }
         };
         let body = match serde_json::to_vec(&value) {

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
@@ -226,6 +227,17 @@ pub enum TransactionError {
     /// The request already finished, and its transaction with it.
     #[error("the request's idempotency transaction is already closed")]
     Closed,
+    /// The transaction is already taken: a [`Transaction`] of this request is still alive
+    /// (two `Tx` extractors in one handler, a helper that asks for it again while its caller
+    /// holds it). It is one connection, held by one [`Transaction`] at a time; asking again is
+    /// answered at once instead of waiting for a holder that is usually the caller itself.
+    /// The request is refused (HTTP: `500 transaction-misused`), its writes rolled back and
+    /// its key released.
+    #[error(
+        "the request's idempotency transaction is already taken (a Transaction or Tx of this \
+         request is still alive): take it once and pass it down"
+    )]
+    InUse,
     /// The transaction is of another store's type than the one asked for.
     #[error("the request's idempotency transaction is not a {expected}")]
     WrongType {
@@ -275,7 +287,7 @@ pub(crate) enum SlotState {
 /// the extensions of every request it lets proceed on a [`TransactionalStore`];
 /// [`Guard::transaction`](crate::Guard::transaction) gives it to other callers.
 #[derive(Clone)]
-pub struct TransactionSlot(Arc<Mutex<Slot>>);
+pub struct TransactionSlot(Arc<Mutex<Slot>>, Arc<AtomicBool>);
 
 impl fmt::Debug for TransactionSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -315,14 +327,27 @@ impl TransactionSlot {
     }
 
     fn with_state(state: SlotState) -> Self {
-        TransactionSlot(Arc::new(Mutex::new(Slot { state, used: false })))
+        TransactionSlot(
+            Arc::new(Mutex::new(Slot { state, used: false })),
+            Arc::new(AtomicBool::new(false)),
+        )
     }
 
     /// The request's transaction as the store's transaction type `T` (for the PostgreSQL store,
     /// `idempotency_postgres::PgTransaction`), opening it on first use. Holds it until the
     /// returned [`Transaction`] is dropped; drop it before the handler returns.
+    ///
+    /// [`TransactionError::InUse`] at once while another [`Transaction`] of this request is
+    /// alive: never a wait on a holder that is usually the caller itself.
     pub async fn open<T: StoreTransaction>(&self) -> Result<Transaction<T>, TransactionError> {
-        let mut slot = Arc::clone(&self.0).lock_owned().await;
+        let Ok(mut slot) = Arc::clone(&self.0).try_lock_owned() else {
+            self.1.store(true, Ordering::Relaxed);
+            tracing::error!(
+                "the request's idempotency transaction was asked for while it is already taken \
+                 (two Tx extractors, or a helper opening it again): refused"
+            );
+            return Err(TransactionError::InUse);
+        };
         slot.used = true;
         if let SlotState::Unopened(opener) = &slot.state {
             match opener.open().await {
@@ -346,6 +371,11 @@ impl TransactionSlot {
             },
             _ => TransactionError::Closed,
         })
+    }
+
+    /// Whether it was asked for while taken ([`TransactionError::InUse`]).
+    pub(crate) fn was_misused(&self) -> bool {
+        self.1.load(Ordering::Relaxed)
     }
 
     /// Takes the transaction out for completion, waiting up to `wait` for the handler to let go

@@ -688,6 +688,7 @@ mod postgres {
                 a_key_lookup_that_does_not_answer_leaves_nothing,
                 the_request_s_transaction_commits_synchronously_with_asynchronous_claims,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
+                taking_the_transaction_twice_is_refused_at_once,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(
@@ -696,6 +697,69 @@ mod postgres {
                 super::$case::<$store>().await;
             }
         )*};
+    }
+
+    /// A job that asks for its transaction again while it holds it (a helper opening it a
+    /// second time) is refused at once (`TransactionError::InUse`, then
+    /// `OnceError::TransactionMisused`), in every claim mode: its write rolled back, its key
+    /// released (the redelivery runs and writes once) and its connection returned. Before, the
+    /// second open waited on a lock its own caller held: the job never ended.
+    async fn taking_the_transaction_twice_is_refused_at_once<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let sql = format!(
+            "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+            f.schema
+        );
+        for mode in [
+            ClaimMode::Lease,
+            ClaimMode::OneTransaction,
+            ClaimMode::OneTransactionSpeculative,
+        ] {
+            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let (sql, key_text) = (sql.as_str(), k.as_str());
+            let misused = tokio::time::timeout(
+                Duration::from_secs(10),
+                engine.once(s.clone(), k.clone(), &"job", |ctx| async move {
+                    let slot = ctx.transaction_slot().expect("a transaction");
+                    S::write(slot, sql, key_text).await;
+                    let _held = slot.open::<S::Tx>().await?;
+                    slot.open::<S::Tx>().await.map(|_| 1_u32)
+                }),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: the second open hung"));
+            assert!(
+                matches!(
+                    misused,
+                    Err(idempotency_core::OnceError::TransactionMisused)
+                ),
+                "{mode:?}: {misused:?}"
+            );
+            assert_eq!(
+                f.side_effects(&k).await,
+                0,
+                "{mode:?}: its write rolled back"
+            );
+            let ran = engine
+                .once(s, k.clone(), &"job", |ctx| async move {
+                    S::write(
+                        ctx.transaction_slot().expect("a transaction"),
+                        sql,
+                        key_text,
+                    )
+                    .await;
+                    Ok::<_, TransactionError>(1_u32)
+                })
+                .await;
+            assert!(
+                matches!(ran, Ok(idempotency_core::Outcome::Ran { .. })),
+                "{mode:?}: the redelivery runs: {ran:?}"
+            );
+            assert_eq!(f.side_effects(&k).await, 1, "{mode:?}: once");
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
     }
 
     /// `LoggedAsyncCommit`: the store's connections commit asynchronously (a claim that stands

@@ -77,8 +77,10 @@ impl<S: Send + Sync, T: StoreTransaction> OptionalFromRequestParts<S> for Tx<T> 
 }
 
 /// Why [`Tx`] could not be extracted; answers with RFC 9457 problem+json: 409 when the lease was
-/// lost, 503 with `Retry-After` when the store failed, 500 for a misconfiguration (no
-/// transaction on this route, or another store's transaction type).
+/// lost, 503 with `Retry-After` when the store failed, `500 transaction-misused` when the
+/// transaction is already taken (two `Tx` extractors in one handler), 500 for a
+/// misconfiguration (no transaction on this route, or another store's transaction type). The
+/// layer never stores it, and releases the key.
 #[derive(Debug)]
 pub struct TxRejection(pub TransactionError);
 
@@ -99,6 +101,8 @@ impl IntoResponse for TxRejection {
         let retry_after = Duration::from_secs(1);
         let problem = match &self.0 {
             TransactionError::LeaseLost => Problem::InFlight { retry_after },
+            // Logged where it was refused; the layer releases the key.
+            TransactionError::InUse => Problem::TransactionMisused,
             TransactionError::Store(error) => {
                 tracing::warn!(error = %idempotency_core::ErrorChain(error), "could not open the request's idempotency transaction");
                 Problem::StoreUnavailable { retry_after }

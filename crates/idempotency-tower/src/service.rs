@@ -10,6 +10,7 @@ use crate::detach::DetachOnDrop;
 use crate::refusal::{LibraryRefusal, Problem, render};
 use crate::route::{Outcome, Route};
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{Request, Response, StatusCode, header};
@@ -20,6 +21,7 @@ use idempotency_core::{
 };
 use sha2::{Digest, Sha256};
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -262,11 +264,26 @@ where
             if let Some(transaction) = guard.transaction() {
                 extensions.insert(transaction.clone());
             }
-            // If the handler panics, `guard` is dropped while unwinding: the transaction rolls
-            // back and the key is released.
-            let response = match inner.call(request).await {
-                Ok(response) => response,
-                Err(e) => {
+            // A panicking handler (one that unwraps a statement the speculative mode refused,
+            // say) is caught here, its locals dropped by unwinding, so the guard is still ours:
+            // releasing it rolls the transaction back and reads the key's lookup, so a retry of
+            // a completed key replays instead of answering 500.
+            let called = AssertUnwindSafe(inner.call(request)).catch_unwind().await;
+            let response = match called {
+                Ok(Ok(response)) => response,
+                Err(panic) => {
+                    if let Completion::Superseded(other) = guard.release().await {
+                        tracing::debug!(panic = panic_message(&*panic), "the handler panicked on a key another request holds; answering with that request's outcome");
+                        return Ok(superseded(&shared, &route, other));
+                    }
+                    tracing::error!(panic = panic_message(&*panic), "the handler panicked; its transaction rolled back and its key was released");
+                    return Ok(refuse(
+                        &shared,
+                        &route,
+                        Refused(Problem::HandlerFailed, Outcome::HandlerFailed),
+                    ));
+                }
+                Ok(Err(e)) => {
                     if let Completion::Superseded(other) = guard.release().await {
                         return Ok(superseded(&shared, &route, other));
                     }
@@ -347,6 +364,16 @@ where
                 Refused(Problem::HandlerFailed, Outcome::HandlerFailed),
             ))
         }
+    }
+}
+
+/// The message a panic was raised with, for the log.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    match panic.downcast_ref::<&'static str>() {
+        Some(message) => message,
+        None => panic
+            .downcast_ref::<String>()
+            .map_or("(not a string)", String::as_str),
     }
 }
 

@@ -240,6 +240,7 @@ macro_rules! transactional_suite {
                 tx_once_commits_the_work_writes_with_its_value
                 tx_once_failed_work_leaves_no_write
                 tx_once_concurrent_duplicates_write_once
+                tx_once_panicking_redelivery_replays
             );
         }
     };

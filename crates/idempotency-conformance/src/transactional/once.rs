@@ -52,6 +52,45 @@ pub async fn tx_once_commits_the_work_writes_with_its_value<H: TransactionalHarn
     );
 }
 
+/// A redelivery whose work unwraps its write (panics when the write is refused, as it is in the
+/// speculative mode, where the work starts before the key's lookup has answered) still gets
+/// the stored value: the panic is caught, the key read, and its value returned. Before, the
+/// speculative mode let the panic through to the caller.
+pub async fn tx_once_panicking_redelivery_replays<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (s, k, tag) = (
+        scope("tx_once_panic"),
+        key(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let (h, t) = (&*harness, tag.as_str());
+    let ran = engine
+        .once(s.clone(), k.clone(), &tag, |ctx| async move {
+            write_task(h, &ctx, t).await
+        })
+        .await;
+    assert!(matches!(ran, Ok(Outcome::Ran { .. })), "{ran:?}");
+    for delivery in 1..4 {
+        let replayed = engine
+            .once(s.clone(), k.clone(), &tag, |ctx| async move {
+                Ok::<_, idempotency_core::BoxError>(
+                    write_task(h, &ctx, t)
+                        .await
+                        .expect("the work unwraps its write"),
+                )
+            })
+            .await;
+        match replayed {
+            Ok(Outcome::Replayed(value)) => assert_eq!(value, format!("task {tag}")),
+            other => panic!("delivery {delivery} must replay, got {other:?}"),
+        }
+    }
+    assert_eq!(harness.count(&tag).await, 1, "the write stands once");
+}
+
 /// A work that wrote and then failed leaves no write, and its redelivery runs once.
 pub async fn tx_once_failed_work_leaves_no_write<H: TransactionalHarness>(
     harness: Arc<H>,

@@ -4,6 +4,7 @@
 use super::Shared;
 use super::heartbeat::Registration;
 use super::lease::Lease;
+use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::{retry_until, spawn_release};
 use crate::store::StoreOp;
@@ -38,6 +39,9 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     holding: bool,
     /// How the key is held.
     hold: Hold,
+    /// The count this request took from its scope's limit on new keys, given back if its key
+    /// turns out not to be new ([`Completion::Superseded`]).
+    charge: Option<Charge>,
 }
 
 /// How a guard holds its key.
@@ -92,6 +96,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             transaction,
             holding: true,
             hold: Hold::Lease,
+            charge: None,
         }
     }
 
@@ -116,7 +121,14 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 fingerprint,
                 speculative,
             },
+            charge: None,
         }
+    }
+
+    /// This request counted against its scope's limit on new keys with `charge`.
+    pub(crate) fn charged(mut self, charge: Charge) -> Self {
+        self.charge = Some(charge);
+        self
     }
 
     /// Registering this request started the engine's heartbeat driver on this thread.
@@ -324,6 +336,12 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     fn finish(mut self, completion: Completion) -> Completion {
         self.holding = false;
+        if let (Completion::Superseded(_), Some(charge), Some(limiter)) =
+            (&completion, self.charge.take(), &self.shared.limiter)
+        {
+            // Another request's key (a replay, a mismatch, a duplicate): not a new key.
+            limiter.refund(self.lease.scope(), charge);
+        }
         self.lease.finish();
         completion.count();
         completion

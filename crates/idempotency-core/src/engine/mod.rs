@@ -333,7 +333,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             return Ok(Begin::Proceed(guard));
         };
         match limiter.admit(guard.lease().scope()) {
-            Ok(()) => Ok(Begin::Proceed(guard)),
+            // A speculative request's key may turn out used when its lookup is read: the
+            // guard gives the charge back then.
+            Ok(charge) => Ok(Begin::Proceed(guard.charged(charge))),
             Err(retry_after) => {
                 // A speculative request's key may turn out used: it still replays.
                 match guard.release().await {

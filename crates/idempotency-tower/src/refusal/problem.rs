@@ -227,8 +227,8 @@ impl Problem {
             Problem::TransactionMisused => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "transaction-misused",
-                "The request's transaction was ended by its handler",
-                "The handler rolled back, ended or kept its idempotency transaction itself, so its changes and its response could not be tied together. Retry with the same Idempotency-Key: a rolled-back request runs again at once; otherwise the key stays claimed until its lease runs out.".into(),
+                "The request's transaction was misused by its handler",
+                "The handler ended its idempotency transaction itself, kept it after returning, or asked for it while it already held it, so its changes and its response could not be tied together. Retry with the same Idempotency-Key: a request whose transaction rolled back runs again at once; one whose handler kept it waits until its lease runs out.".into(),
                 "idempotency_transaction_misused",
             ),
             Problem::TransactionUnavailable => (
