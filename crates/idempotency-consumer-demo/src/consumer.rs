@@ -3,8 +3,8 @@
 use crate::message::{CreateTask, Message, TaskResult};
 use crate::{CREATE_TASKS_TABLE, INSERT_TASK};
 use futures_util::StreamExt;
-use idempotency::postgres::PurgeJob;
 use idempotency::postgres::tokio_postgres::types::Type;
+use idempotency::postgres::{PurgeJob, is_permanent_sqlstate};
 use idempotency::{
     BoxError, ClaimMode, Engine, EngineConfig, OnceContext, OnceError, Outcome, PgTransaction,
     PostgresStore,
@@ -17,8 +17,19 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::task::JoinSet;
+
+/// [`ConsumerConfig::delivery_limit`] by default: with the requeue backoff (100 ms doubling up
+/// to 5 s) a message rides out about a minute and a half of a database outage.
+pub const DEFAULT_DELIVERY_LIMIT: u32 = 25;
+
+/// The broker's own bound on deliveries of one message (`x-delivery-limit` of the quorum
+/// queue), behind the consumer's: it dead-letters a message that no consumer ever settles
+/// (one that crashes every consumer that takes it). The same for every consumer and publisher,
+/// since a queue's arguments are fixed when it is declared.
+const BROKER_DELIVERY_LIMIT: i64 = 1_000;
 
 /// How often expired keys are deleted when pg_cron does not do it.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
@@ -43,6 +54,9 @@ pub struct ConsumerConfig {
     /// Wait this long between a message's commit and its ack (0 in production): a window in
     /// which the tests kill the process, to show what a crash there costs.
     pub hold_ack: Duration,
+    /// Deliveries of one message before a retryable failure dead-letters it instead of
+    /// requeuing it again (counted by the broker: the quorum queue's `x-delivery-count`).
+    pub delivery_limit: u32,
 }
 
 impl ConsumerConfig {
@@ -57,6 +71,7 @@ impl ConsumerConfig {
             exit_when_idle: None,
             in_flight_wait: Duration::from_secs(5),
             hold_ack: Duration::ZERO,
+            delivery_limit: DEFAULT_DELIVERY_LIMIT,
         }
     }
 }
@@ -87,7 +102,8 @@ pub enum Handled {
     Replayed(TaskResult),
     /// Not done, may succeed later (a running duplicate, the database down): requeued.
     Requeued(String),
-    /// Can never be done (unreadable, or its key used by another message): dead-lettered.
+    /// Can never be done (unreadable, its key used by another message, a title the database
+    /// refuses, or a retryable failure past the delivery limit): dead-lettered.
     DeadLettered(String),
 }
 
@@ -105,18 +121,21 @@ impl Handled {
 }
 
 /// The work of one message, once: checks the task, inserts it in the store's transaction, and
-/// returns its id, which commits with the stored result. A refusal is `Ok(Err(..))` (stored);
-/// a database error is `Err` (the key is released and the message requeued).
+/// returns its id, which commits with the stored result. A refusal is `Ok(Err(..))` (stored):
+/// the task's own check, or the database refusing its data (a permanent SQLSTATE: its writes
+/// are discarded and the refusal stored alone, and `refused_by_database` is set). Any other
+/// database error is `Err`: the key is released and the message requeued.
 async fn create_task(
     ctx: OnceContext,
     task: &CreateTask,
     message_id: &str,
+    refused_by_database: &AtomicBool,
 ) -> Result<TaskResult, BoxError> {
     if let Err(refusal) = task.check() {
         return Ok(Err(refusal));
     }
     let tx = ctx.transaction::<PgTransaction>().await?;
-    let row = tx
+    let inserted = tx
         .query_typed_one(
             INSERT_TASK,
             &[
@@ -125,8 +144,39 @@ async fn create_task(
                 (&message_id, Type::TEXT),
             ],
         )
-        .await?;
-    Ok(Ok(row.try_get(0)?))
+        .await;
+    match inserted {
+        Ok(row) => Ok(Ok(row.try_get(0)?)),
+        Err(error)
+            if error
+                .code()
+                .is_some_and(|c| is_permanent_sqlstate(c.code())) =>
+        {
+            // The same title fails every time: record the refusal (the failed statement
+            // aborted the transaction, so its writes are rolled back and the refusal stored
+            // alone), and let the broker's dead-letter queue show the message.
+            drop(tx);
+            ctx.discard_writes()?;
+            refused_by_database.store(true, Ordering::Relaxed);
+            Ok(Err(format!(
+                "the database refused the task: {}",
+                describe(&error)
+            )))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A database error as its message and SQLSTATE (tokio-postgres's own `Display` says only
+/// "db error"); other errors as their chain of causes.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let database = error
+        .downcast_ref::<idempotency::postgres::tokio_postgres::Error>()
+        .and_then(|e| e.as_db_error());
+    match database {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => idempotency::ErrorChain(error).to_string(),
+    }
 }
 
 /// Runs the work of `delivery` once per `message_id` and says what to tell the broker.
@@ -137,25 +187,55 @@ pub async fn handle(engine: &Engine<PostgresStore>, delivery: &Delivery) -> Hand
     };
     let message_id = message.key.as_str().to_owned();
     let task = &message.task;
+    let refused_by_database = AtomicBool::new(false);
     let outcome = engine
         .once(message.scope, message.key, task, |ctx| {
-            create_task(ctx, task, &message_id)
+            create_task(ctx, task, &message_id, &refused_by_database)
         })
         .await;
     match outcome {
         Ok(Outcome::Replayed(result)) => Handled::Replayed(result),
+        // Recorded (its duplicates replay it), and dead-lettered for someone to look at.
+        Ok(Outcome::Ran {
+            value: Err(refusal),
+            ..
+        }) if refused_by_database.load(Ordering::Relaxed) => Handled::DeadLettered(refusal),
         Ok(outcome) => Handled::Ran(outcome.into_value()),
         Err(error) if error.is_retryable() => Handled::Requeued(chain(&error)),
         Err(error) => Handled::DeadLettered(chain(&error)),
     }
 }
 
+/// The error and its causes; the work's own error described with its SQLSTATE.
 fn chain(error: &OnceError<BoxError>) -> String {
-    idempotency::ErrorChain(error).to_string()
+    match error {
+        OnceError::Work(work) => format!("the work failed: {}", describe(&**work)),
+        other => idempotency::ErrorChain(other).to_string(),
+    }
 }
 
-/// Declares `queue` (durable) with its dead-letter queue `<queue>.dead`. The publisher and the
-/// consumer both declare it, with the same arguments.
+/// How many times the broker delivered `delivery` before (the quorum queue's
+/// `x-delivery-count`; 0 on a first delivery, which carries no such header).
+fn earlier_deliveries(delivery: &Delivery) -> u32 {
+    let count = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count").cloned());
+    match count {
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongUInt(n)) => n,
+        Some(AMQPValue::ShortInt(n)) => u32::try_from(n).unwrap_or(0),
+        Some(AMQPValue::ShortShortInt(n)) => u32::try_from(n).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Declares `queue` (a durable quorum queue, which counts each message's deliveries) with its
+/// dead-letter queue `<queue>.dead`. The publisher and the consumer both declare it, with the
+/// same arguments. (A classic queue of the same name, left by an earlier version of this demo,
+/// is refused by the broker with `PRECONDITION_FAILED`: delete it first.)
 pub async fn declare_queues(channel: &Channel, queue: &str) -> Result<(), lapin::Error> {
     let dead = format!("{queue}.dead");
     let durable = QueueDeclareOptions {
@@ -173,6 +253,14 @@ pub async fn declare_queues(channel: &Channel, queue: &str) -> Result<(), lapin:
     arguments.insert(
         "x-dead-letter-routing-key".into(),
         AMQPValue::LongString(dead.as_str().into()),
+    );
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongLongInt(BROKER_DELIVERY_LIMIT),
     );
     channel
         .queue_declare(queue.into(), durable, arguments)
@@ -249,6 +337,7 @@ impl Consumer {
             .await?;
         let concurrency = self.config.concurrency.max(1);
         let hold_ack = self.config.hold_ack;
+        let delivery_limit = self.config.delivery_limit.max(1);
         let idle = self.config.exit_when_idle.unwrap_or(Duration::MAX);
         let mut running = JoinSet::new();
         let mut stop = std::pin::pin!(shutdown_signal());
@@ -275,7 +364,7 @@ impl Consumer {
                 }
             };
             let engine = self.engine.clone();
-            running.spawn(async move { settle(&engine, delivery, hold_ack).await });
+            running.spawn(async move { settle(&engine, delivery, hold_ack, delivery_limit).await });
         }
         while running.join_next().await.is_some() {}
         self.engine.drain().drained().await;
@@ -286,9 +375,25 @@ impl Consumer {
 }
 
 /// Handles one delivery and tells the broker: ack after the commit, requeue what may succeed
-/// later (after a short pause, so a failing database is not hammered), dead-letter the rest.
-async fn settle(engine: &Engine<PostgresStore>, delivery: Delivery, hold_ack: Duration) {
-    let handled = handle(engine, &delivery).await;
+/// later (after a pause that doubles with each delivery, from 100 ms up to 5 s, so a failing
+/// database is not hammered) until the message was delivered `delivery_limit` times,
+/// dead-letter the rest.
+async fn settle(
+    engine: &Engine<PostgresStore>,
+    delivery: Delivery,
+    hold_ack: Duration,
+    delivery_limit: u32,
+) {
+    let mut handled = handle(engine, &delivery).await;
+    let earlier = earlier_deliveries(&delivery);
+    if let Handled::Requeued(why) = &handled
+        && earlier.saturating_add(1) >= delivery_limit
+    {
+        handled = Handled::DeadLettered(format!(
+            "delivered {} times (the limit), still failing: {why}",
+            earlier.saturating_add(1)
+        ));
+    }
     let id = delivery
         .properties
         .message_id()
@@ -310,7 +415,8 @@ async fn settle(engine: &Engine<PostgresStore>, delivery: Delivery, hold_ack: Du
             delivery.acker.ack(BasicAckOptions::default()).await
         }
         Handled::Requeued(_) => {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let pause = Duration::from_millis(100).saturating_mul(1 << earlier.min(6));
+            tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
             let requeue = BasicNackOptions {
                 requeue: true,
                 multiple: false,

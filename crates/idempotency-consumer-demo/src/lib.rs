@@ -11,7 +11,14 @@
 //!   acked, and writes nothing;
 //! - a duplicate delivered while the first is running waits for it (bounded), then replays;
 //! - a message that cannot be read (no `message_id`, not a task) is dead-lettered, never acked
-//!   as done; a task that is refused (an empty title) is a stored result like any other.
+//!   as done; a task that is refused (an empty title) is a stored result like any other;
+//! - a task the database refuses for its data (a NUL byte in the title: a permanent SQLSTATE,
+//!   [`is_permanent_sqlstate`](idempotency::postgres::is_permanent_sqlstate)) has its refusal
+//!   stored without its writes ([`OnceContext::discard_writes`](idempotency::OnceContext::discard_writes))
+//!   and is dead-lettered with the cause; its duplicates replay the refusal;
+//! - a failure that may pass (the database down) requeues the message, pausing 100 ms doubling
+//!   up to 5 s, until it was delivered `--delivery-limit` times (the quorum queue counts them);
+//!   then it is dead-lettered with the cause.
 //!
 //! The heart of it ([`handle`]), what a user of the library writes:
 //!
@@ -40,7 +47,10 @@
 mod consumer;
 mod message;
 
-pub use consumer::{Consumer, ConsumerConfig, ConsumerError, Handled, declare_queues, handle};
+pub use consumer::{
+    Consumer, ConsumerConfig, ConsumerError, DEFAULT_DELIVERY_LIMIT, Handled, declare_queues,
+    handle,
+};
 pub use message::{CreateTask, Message, TaskResult};
 
 /// The tasks table the consumer writes (created if missing). Under a transaction-scoped advisory

@@ -41,6 +41,10 @@ struct Args {
     /// the process in, to see what a crash there costs (one replay, no second task).
     #[arg(long, value_name = "MS", default_value_t = 0, hide = true)]
     hold_ack_ms: u64,
+    /// Deliveries of one message before a failure that may pass (the database down, a
+    /// serialization failure) dead-letters it instead of requeuing it again.
+    #[arg(long, default_value_t = idempotency_consumer_demo::DEFAULT_DELIVERY_LIMIT)]
+    delivery_limit: u32,
 }
 
 #[tokio::main]
@@ -63,6 +67,7 @@ async fn main() -> ExitCode {
         }
     };
     config.hold_ack = Duration::from_millis(args.hold_ack_ms);
+    config.delivery_limit = args.delivery_limit;
     let run = async { Consumer::connect(config).await?.run().await };
     match run.await {
         Ok(()) => ExitCode::SUCCESS,

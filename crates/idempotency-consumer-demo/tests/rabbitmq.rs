@@ -260,3 +260,102 @@ async fn ten_thousand_messages_with_duplicates_and_a_kill_mid_stream_create_each
     broker.delete().await;
     db.drop().await;
 }
+
+/// A title PostgreSQL refuses (a NUL byte: `22021`) passes the consumer's own check. The
+/// refusal is permanent: the message is dead-lettered with the cause, its refusal stored, and
+/// its duplicate answered from that record without running; nothing is requeued. Before, the
+/// work's error was retryable and the message was requeued for ever (186 times in 20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_database_refuses_is_dead_lettered_not_requeued() {
+    let (broker, db) = (Broker::new().await, Database::create().await);
+    let poison = task("ada", "Buy \u{0}milk");
+    let good = task("ada", "Buy milk");
+    broker
+        .publish_many([
+            (Some("p-nul"), poison.as_slice()),
+            (Some("p-good"), good.as_slice()),
+            (Some("p-nul"), poison.as_slice()), // its duplicate
+        ])
+        .await;
+    let consumer = ConsumerProcess::start(
+        &broker,
+        &db,
+        &["--exit-when-idle", IDLE, "--concurrency", "1"],
+    );
+    let (status, lines) = consumer.exit(EXIT_WITHIN).await;
+    assert!(status.success(), "{status}: {lines:?}");
+    assert_eq!(lines_for(&lines, "requeued", "p-nul").len(), 0, "{lines:?}");
+    let dead = lines_for(&lines, "dead-lettered", "p-nul");
+    assert_eq!(dead.len(), 1, "{lines:?}");
+    assert!(dead[0].contains("22021"), "the cause is logged: {lines:?}");
+    let replayed = lines_for(&lines, "replayed", "p-nul");
+    assert_eq!(
+        replayed.len(),
+        1,
+        "the duplicate replays the refusal: {lines:?}"
+    );
+    assert!(replayed[0].contains("22021"), "{lines:?}");
+    assert_eq!(broker.ready(&broker.dead()).await, 1, "{lines:?}");
+    assert_eq!(
+        db.tasks().await,
+        (1, 1),
+        "only the good message made a task"
+    );
+    assert_eq!(broker.ready(&broker.queue).await, 0);
+    broker.delete().await;
+    db.drop().await;
+}
+
+/// A message whose work fails with a retryable error every time (here a trigger answers a
+/// serialization failure, `40001`, for its title) is requeued only up to the delivery limit,
+/// then dead-lettered by the broker; every other message is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_always_fails_is_dead_lettered_at_the_delivery_limit() {
+    let (broker, db) = (Broker::new().await, Database::create().await);
+    db.execute(idempotency_consumer_demo::CREATE_TASKS_TABLE)
+        .await;
+    db.execute(
+        "CREATE FUNCTION refuse_cursed() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.title = 'cursed' THEN \
+           RAISE EXCEPTION 'try again' USING ERRCODE = '40001'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_cursed BEFORE INSERT ON consumer_tasks \
+           FOR EACH ROW EXECUTE FUNCTION refuse_cursed();",
+    )
+    .await;
+    let cursed = task("ada", "cursed");
+    let good = task("ada", "Buy milk");
+    broker
+        .publish_many([
+            (Some("p-cursed"), cursed.as_slice()),
+            (Some("p-good"), good.as_slice()),
+        ])
+        .await;
+    let consumer = ConsumerProcess::start(
+        &broker,
+        &db,
+        &[
+            "--exit-when-idle",
+            IDLE,
+            "--concurrency",
+            "1",
+            "--delivery-limit",
+            "3",
+        ],
+    );
+    let (status, lines) = consumer.exit(EXIT_WITHIN).await;
+    assert!(status.success(), "{status}: {lines:?}");
+    let requeued = lines_for(&lines, "requeued", "p-cursed");
+    assert!(
+        (1..=4).contains(&requeued.len()),
+        "requeued up to the limit: {lines:?}"
+    );
+    assert!(
+        requeued[0].contains("40001"),
+        "the cause is logged: {lines:?}"
+    );
+    assert_eq!(broker.ready(&broker.dead()).await, 1, "{lines:?}");
+    assert_eq!(db.tasks().await, (1, 1));
+    assert_eq!(broker.ready(&broker.queue).await, 0);
+    broker.delete().await;
+    db.drop().await;
+}

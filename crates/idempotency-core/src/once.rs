@@ -13,7 +13,10 @@
 //!   back), and a redelivery runs the work again;
 //! - a **permanent** failure is a value: make `T` a `Result<Done, Refused>` and return
 //!   `Ok(Err(refused))`. It is stored and every duplicate gets the same `Err(refused)` back
-//!   without running anything.
+//!   without running anything. When the refusal follows a failed statement (a check
+//!   constraint, a value the database refuses), call [`OnceContext::discard_writes`] first:
+//!   the failed statement aborted the transaction, so its writes are rolled back and the
+//!   refusal stored alone.
 //!
 //! On a transactional store (PostgreSQL) the work takes the store's transaction from its
 //! [`OnceContext`], exactly as an HTTP handler does, and the result commits with the work's
@@ -184,6 +187,37 @@ impl OnceContext {
     /// HTTP layer hands handlers the same); `None` when the store is not transactional.
     pub fn transaction_slot(&self) -> Option<&TransactionSlot> {
         self.transaction.as_ref()
+    }
+
+    /// Rolls back every write of the work's transaction when the work returns, and stores its
+    /// `Ok` value without them: how a work records a **permanent** refusal after a statement
+    /// failed (the failure aborted the transaction, which can never commit, so returning
+    /// `Ok(Err(refusal))` alone would be [`OnceError::NotCommitted`], retried for ever). Every
+    /// duplicate then gets the refusal without running. See
+    /// [`TransactionSlot::discard_writes`]; [`TransactionError::Unavailable`] when the store is
+    /// not transactional (nothing the work wrote can be taken back).
+    ///
+    /// ```ignore
+    /// let tx = ctx.transaction::<PgTransaction>().await?;
+    /// match tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&title]).await {
+    ///     Ok(_) => Ok(Ok(())),
+    ///     // A data or constraint error: the same input always fails. Record why, once.
+    ///     Err(e) if e.code().is_some_and(|c| idempotency_postgres::is_permanent_sqlstate(c.code())) => {
+    ///         drop(tx);
+    ///         ctx.discard_writes()?;
+    ///         Ok(Err(format!("refused: {e:?}")))
+    ///     }
+    ///     Err(e) => Err(e.into()), // retryable: nothing stored, the key released
+    /// }
+    /// ```
+    pub fn discard_writes(&self) -> Result<(), TransactionError> {
+        match &self.transaction {
+            Some(slot) => {
+                slot.discard_writes();
+                Ok(())
+            }
+            None => Err(TransactionError::Unavailable),
+        }
     }
 
     /// The store's transaction as its type `T` (`idempotency_postgres::PgTransaction`, say),

@@ -287,7 +287,16 @@ pub(crate) enum SlotState {
 /// the extensions of every request it lets proceed on a [`TransactionalStore`];
 /// [`Guard::transaction`](crate::Guard::transaction) gives it to other callers.
 #[derive(Clone)]
-pub struct TransactionSlot(Arc<Mutex<Slot>>, Arc<AtomicBool>);
+pub struct TransactionSlot(Arc<Mutex<Slot>>, Arc<Flags>);
+
+/// What the request said of its transaction, outside the lock (a holder may be asking).
+#[derive(Default)]
+struct Flags {
+    /// It was asked for while taken ([`TransactionError::InUse`]).
+    misused: AtomicBool,
+    /// [`TransactionSlot::discard_writes`]: roll the writes back, store the answer alone.
+    discard: AtomicBool,
+}
 
 impl fmt::Debug for TransactionSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -329,7 +338,7 @@ impl TransactionSlot {
     fn with_state(state: SlotState) -> Self {
         TransactionSlot(
             Arc::new(Mutex::new(Slot { state, used: false })),
-            Arc::new(AtomicBool::new(false)),
+            Arc::new(Flags::default()),
         )
     }
 
@@ -341,7 +350,7 @@ impl TransactionSlot {
     /// alive: never a wait on a holder that is usually the caller itself.
     pub async fn open<T: StoreTransaction>(&self) -> Result<Transaction<T>, TransactionError> {
         let Ok(mut slot) = Arc::clone(&self.0).try_lock_owned() else {
-            self.1.store(true, Ordering::Relaxed);
+            self.1.misused.store(true, Ordering::Relaxed);
             tracing::error!(
                 "the request's idempotency transaction was asked for while it is already taken \
                  (two Tx extractors, or a helper opening it again): refused"
@@ -375,7 +384,26 @@ impl TransactionSlot {
 
     /// Whether it was asked for while taken ([`TransactionError::InUse`]).
     pub(crate) fn was_misused(&self) -> bool {
-        self.1.load(Ordering::Relaxed)
+        self.1.misused.load(Ordering::Relaxed)
+    }
+
+    /// Rolls back every write of the request's transaction when the request ends, and stores
+    /// its answer (a response, a job's value) without them. For a permanent refusal decided
+    /// after a statement failed: the failed statement aborted the transaction, which can then
+    /// never commit, yet the refusal must be recorded so that every retry gets it without
+    /// running again. Holds for whatever the request returns afterwards; the answer is still
+    /// stored only if the replay policy stores its status (a job's value always is).
+    ///
+    /// The answer is stored on its own after the rollback, as in the lease mode's plain
+    /// completion: a crash in between leaves the key free (nothing of the request exists),
+    /// and its retry runs and refuses again.
+    pub fn discard_writes(&self) {
+        self.1.discard.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`TransactionSlot::discard_writes`] was called.
+    pub(crate) fn discards_writes(&self) -> bool {
+        self.1.discard.load(Ordering::Relaxed)
     }
 
     /// Takes the transaction out for completion, waiting up to `wait` for the handler to let go

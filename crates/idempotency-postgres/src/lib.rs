@@ -61,6 +61,7 @@ mod open_transaction;
 mod primitives;
 mod schema;
 mod session;
+mod sqlstate;
 #[cfg(feature = "sqlx")]
 mod sqlx_store;
 mod state;
@@ -72,6 +73,7 @@ mod tokio_store;
 pub use error::PostgresStoreError;
 pub use migrate::{MigrationReport, PurgeJob};
 pub use schema::{StatementsSql, TableMode};
+pub use sqlstate::is_permanent_sqlstate;
 pub use status::{PurgeStatus, RecordTimes, StoreStatus};
 #[cfg(feature = "raw-connection")]
 pub use tokio_store::connect_raw;

@@ -689,6 +689,7 @@ mod postgres {
                 the_request_s_transaction_commits_synchronously_with_asynchronous_claims,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
                 taking_the_transaction_twice_is_refused_at_once,
+                a_job_refused_by_the_database_records_its_refusal,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(
@@ -757,6 +758,81 @@ mod postgres {
                 "{mode:?}: the redelivery runs: {ran:?}"
             );
             assert_eq!(f.side_effects(&k).await, 1, "{mode:?}: once");
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
+    /// A job whose statement the database refuses for its data (a NUL byte in text, `22021`):
+    /// the failed statement aborted the transaction, so returning the refusal as a value alone
+    /// is `NotCommitted` (retryable: a redelivery fails the same way, for ever). With
+    /// `discard_writes` the job's writes roll back and the refusal is stored: every
+    /// redelivery replays it without running, in every claim mode, on both drivers.
+    async fn a_job_refused_by_the_database_records_its_refusal<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let insert = format!(
+            "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+            f.schema
+        );
+        let poison = format!(
+            "INSERT INTO \"{}\".side_effects (key) VALUES ($1 || chr(0))",
+            f.schema
+        );
+        for mode in [
+            ClaimMode::Lease,
+            ClaimMode::OneTransaction,
+            ClaimMode::OneTransactionSpeculative,
+        ] {
+            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let (insert, poison, key_text) = (insert.as_str(), poison.as_str(), k.as_str());
+            let work = |discard: bool| {
+                move |ctx: idempotency_core::OnceContext| async move {
+                    let slot = ctx.transaction_slot().expect("a transaction");
+                    S::write(slot, insert, key_text).await;
+                    if S::try_write(slot, poison, key_text).await {
+                        return Ok(Ok(1_u32));
+                    }
+                    if discard {
+                        ctx.discard_writes()?;
+                    }
+                    Ok::<_, TransactionError>(Err("the database refused the title".to_owned()))
+                }
+            };
+            let undiscarded = engine.once(s.clone(), k.clone(), &"job", work(false)).await;
+            assert!(
+                matches!(
+                    undiscarded,
+                    Err(idempotency_core::OnceError::NotCommitted(_))
+                ),
+                "{mode:?}: without discard_writes: {undiscarded:?}"
+            );
+            for delivery in 0..3 {
+                // The lease mode releases the key of the uncommitted run in the background.
+                let until = tokio::time::Instant::now() + Duration::from_secs(10);
+                let outcome = loop {
+                    match engine.once(s.clone(), k.clone(), &"job", work(true)).await {
+                        Err(idempotency_core::OnceError::InFlight { .. })
+                            if tokio::time::Instant::now() < until =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        outcome => break outcome,
+                    }
+                };
+                let refused = Err("the database refused the title".to_owned());
+                match (delivery, outcome) {
+                    (0, Ok(idempotency_core::Outcome::Ran { value, completion })) => {
+                        assert_eq!(value, refused, "{mode:?}");
+                        assert_eq!(completion, Completion::Stored, "{mode:?}");
+                    }
+                    (1.., Ok(idempotency_core::Outcome::Replayed(value))) => {
+                        assert_eq!(value, refused, "{mode:?}");
+                    }
+                    (n, other) => panic!("{mode:?} delivery {n}: {other:?}"),
+                }
+            }
+            assert_eq!(f.side_effects(&k).await, 0, "{mode:?}: no write stands");
         }
         f.assert_pool_clean().await;
         f.drop().await;

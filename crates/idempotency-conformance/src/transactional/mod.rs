@@ -241,6 +241,7 @@ macro_rules! transactional_suite {
                 tx_once_failed_work_leaves_no_write
                 tx_once_concurrent_duplicates_write_once
                 tx_once_panicking_redelivery_replays
+                tx_once_discarded_writes_store_the_refusal_alone
             );
         }
     };

@@ -91,6 +91,46 @@ pub async fn tx_once_panicking_redelivery_replays<H: TransactionalHarness>(
     assert_eq!(harness.count(&tag).await, 1, "the write stands once");
 }
 
+/// A work that wrote, then decided on a permanent refusal and discarded its writes
+/// ([`OnceContext::discard_writes`]): the refusal is stored without the write, and every
+/// redelivery gets it back without running.
+pub async fn tx_once_discarded_writes_store_the_refusal_alone<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let engine = engine(&*harness, mode);
+    let (s, k, tag) = (
+        scope("tx_once_discard"),
+        key(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let (h, t) = (&*harness, tag.as_str());
+    for delivery in 0..3 {
+        let outcome = engine
+            .once(s.clone(), k.clone(), &tag, |ctx| async move {
+                write_task(h, &ctx, t).await?;
+                ctx.discard_writes()?;
+                Ok::<_, idempotency_core::BoxError>(Err::<String, _>("refused for ever".to_owned()))
+            })
+            .await;
+        match (delivery, outcome) {
+            (0, Ok(Outcome::Ran { value, completion })) => {
+                assert_eq!(value, Err("refused for ever".to_owned()));
+                assert_eq!(completion, Completion::Stored);
+            }
+            (1.., Ok(Outcome::Replayed(value))) => {
+                assert_eq!(value, Err("refused for ever".to_owned()));
+            }
+            (n, other) => panic!("delivery {n}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        harness.count(&tag).await,
+        0,
+        "the discarded write never stood"
+    );
+}
+
 /// A work that wrote and then failed leaves no write, and its redelivery runs once.
 pub async fn tx_once_failed_work_leaves_no_write<H: TransactionalHarness>(
     harness: Arc<H>,

@@ -167,6 +167,11 @@ impl Database {
         Database { name, url, client }
     }
 
+    /// Runs `sql` (several statements, no parameters) in the test's database.
+    pub async fn execute(&self, sql: &str) {
+        self.client.batch_execute(sql).await.expect("run SQL");
+    }
+
     /// Tasks created, and distinct message ids among them.
     pub async fn tasks(&self) -> (i64, i64) {
         let row = self

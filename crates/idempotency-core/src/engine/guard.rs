@@ -198,12 +198,19 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         // The heartbeat goes on until the response is stored: a slow store call must not let
         // the lease lapse while it runs.
         self.lease.completing();
+        let discard = self
+            .transaction
+            .as_ref()
+            .is_some_and(TransactionSlot::discards_writes);
         let completion = match self.take_transaction().await {
             Taken::Open { tx, used } => 'open: {
                 let tx = match self.settle(tx).await {
                     Ok(tx) => tx,
                     Err(answer) => break 'open answer,
                 };
+                if discard {
+                    break 'open self.store_without_writes(tx, response).await;
+                }
                 if !used && warn_unused && self.hold.is_transaction() {
                     tracing::warn!(
                         backend = self.shared.store.backend(),

@@ -177,7 +177,7 @@ impl PostgresStore {
         PostgresStoreBuilder::new(Source::Pool(pool))
     }
 
-    /// Connects to `url` with the defaults (table `public.idempotency_keys`, UNLOGGED, 16
+    /// Connects to `url` with the defaults (table `public.idempotency_keys`, LOGGED, 16
     /// connections). Runs no DDL: create the table with [`PostgresStore::migrate`].
     pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, PostgresStoreError> {
         Self::builder(url).build().await

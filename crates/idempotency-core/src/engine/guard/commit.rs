@@ -163,8 +163,27 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         }
     }
 
+    /// Rolls the request's transaction back and stores the response on its own
+    /// ([`TransactionSlot::discard_writes`](crate::TransactionSlot::discard_writes)).
+    pub(super) async fn store_without_writes(
+        &self,
+        tx: Box<dyn StoreTransaction>,
+        response: StoredResponse,
+    ) -> Completion {
+        if let Err(error) = self.shared.call(StoreOp::Rollback, tx.rollback()).await {
+            // Nothing commits on a transaction that failed to roll back: it ends with its
+            // connection. Storing the answer is still right.
+            tracing::warn!(
+                backend = self.shared.store.backend(),
+                error = %ErrorChain(&error),
+                "could not roll back the discarded transaction; it ends with its connection"
+            );
+        }
+        self.store_after_handler_commit(response).await
+    }
+
     /// Stores the response outside the request's transaction, which the handler committed
-    /// itself. The one-transaction mode holds no record yet: the key is claimed with this
+    /// itself (or whose writes it discarded). The one-transaction mode holds no record yet: the key is claimed with this
     /// request's token first.
     pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
