@@ -154,13 +154,17 @@ pub enum CommitOutcome {
     /// exist is unknown; nothing was stored.
     EndedByHandler,
     /// The handler committed the transaction the store opened itself (a raw `COMMIT`): its
-    /// writes up to that `COMMIT` exist (any after it, in a transaction it began, were rolled
-    /// back), and nothing was stored. The engine stores the response outside the transaction,
-    /// so the retry replays instead of running again.
+    /// writes up to that `COMMIT` exist, and nothing was stored. After it, statements in a
+    /// transaction the handler began were rolled back by the completion; statements outside
+    /// any transaction committed each on its own (autocommit), and exist too. The engine
+    /// stores the response outside the transaction, so the retry replays instead of running
+    /// again.
     CommittedByHandler,
-    /// The handler rolled the transaction the store opened back itself (a raw `ROLLBACK`):
-    /// none of its writes exist, and nothing was stored. The engine releases the key, so the
-    /// retry runs.
+    /// The handler rolled the transaction the store opened back itself (a raw `ROLLBACK`): its
+    /// writes before the `ROLLBACK` were undone, and nothing was stored. Statements it ran
+    /// after the `ROLLBACK` ran outside any transaction and committed each on its own
+    /// (autocommit): those exist, and the store can neither see nor undo them. The engine
+    /// releases the key, so the retry runs (and writes them again).
     RolledBackByHandler,
     /// One-transaction mode: another request stored a record for the key first (the unique
     /// index refused ours). The transaction rolled back, so none of the handler's writes exist;

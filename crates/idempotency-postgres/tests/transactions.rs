@@ -617,6 +617,56 @@ mod postgres {
         }
     }
 
+    /// What holds after a handler's own `ROLLBACK`, in every claim mode: its write before it is
+    /// undone; a write after it ran outside any transaction and committed on its own, so it
+    /// stands (the library can neither see nor undo it: the log line and the docs say so);
+    /// nothing is stored and the key is released. (Before, the log said "none of its writes
+    /// exist", and `docs/failure-modes.md` "0 side effects".)
+    async fn writes_after_the_handler_s_own_rollback_stand<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        for mode in [
+            ClaimMode::Lease,
+            ClaimMode::OneTransaction,
+            ClaimMode::OneTransactionSpeculative,
+        ] {
+            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            write_side_effect(&guard, &f.schema).await;
+            let slot = guard.transaction().expect("a transaction");
+            S::raw(slot, "ROLLBACK").await;
+            let after = format!("{}:after", k.as_str());
+            S::write(
+                slot,
+                &format!(
+                    "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+                    f.schema
+                ),
+                &after,
+            )
+            .await;
+            assert_eq!(
+                guard.complete(response(201)).await,
+                Completion::TransactionMisused,
+                "{mode:?}"
+            );
+            assert_eq!(
+                f.side_effects(&k).await,
+                0,
+                "{mode:?}: the write before was undone"
+            );
+            let after = IdempotencyKey::parse(after.as_bytes(), KeyFormat::opaque()).expect("key");
+            assert_eq!(
+                f.side_effects(&after).await,
+                1,
+                "{mode:?}: the write after it committed on its own"
+            );
+            runs_again_once(&engine, &f, &s, &k).await;
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
     /// The transaction is only offered while the lease is held, only as the store's type, and not
     /// after the request finished.
     async fn the_transaction_is_refused_when_it_cannot_be_honoured<S: Driver>() {
@@ -690,6 +740,7 @@ mod postgres {
                 the_transaction_is_refused_when_it_cannot_be_honoured,
                 taking_the_transaction_twice_is_refused_at_once,
                 a_job_refused_by_the_database_records_its_refusal,
+                writes_after_the_handler_s_own_rollback_stand,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(

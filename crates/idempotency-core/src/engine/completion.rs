@@ -34,7 +34,9 @@ pub enum Completion {
     /// could create a duplicate.
     OutcomeUnknown,
     /// A bug in the handler: it rolled the request's transaction back itself (a raw
-    /// `ROLLBACK`: none of its writes exist, nothing was stored, and the key was released), or
+    /// `ROLLBACK`: its writes before it were undone, any statement after it committed on its
+    /// own and stands, nothing was stored, and the key was released), asked for the
+    /// transaction while it held it (its writes rolled back, the key released), or
     /// ended it in a way the store could not report, or still held it after returning (whether
     /// its writes exist is unknown, so nothing was stored and the claim is kept until its lease
     /// runs out). A handler that committed the transaction itself completes as

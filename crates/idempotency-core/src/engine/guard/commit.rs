@@ -99,7 +99,8 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tracing::error!(
                     backend = shared.store.backend(),
                     "the handler committed the idempotency transaction itself (a raw COMMIT): its \
-                     writes exist, so the response is stored after them, outside the \
+                     writes up to it exist (and any statement it ran after it outside a \
+                     transaction), so the response is stored after them, outside the \
                      transaction (a crash in between would let a retry run again). Never end \
                      the request's transaction in the handler"
                 );
@@ -109,7 +110,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tracing::error!(
                     backend = shared.store.backend(),
                     "the handler rolled the idempotency transaction back itself (a raw \
-                     ROLLBACK): none of its writes exist, so nothing is stored and the key is \
+                     ROLLBACK): its writes before it were undone, but any statement it ran after \
+                     it ran outside a transaction and committed on its own (those writes stand, \
+                     and the retry will make them again). Nothing is stored and the key is \
                      released for the retry. Never end the request's transaction in the handler"
                 );
                 if !self.hold.is_transaction() {
