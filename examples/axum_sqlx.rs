@@ -92,7 +92,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&pool)
     .await?;
-    let store = SqlxPostgresStore::builder(pool).build().await?;
+    let store = SqlxPostgresStore::builder_from_sqlx_pool(pool)
+        .build()
+        .await?;
     store.migrate().await?; // or apply migrations/*.sql with your own tool
     let lease = arg("--lease").map_or(Ok(60), |s| s.parse())?;
     let app = Router::new()

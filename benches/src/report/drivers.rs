@@ -122,7 +122,7 @@ async fn open(servers: &Servers) -> Result<Stores, String> {
         .connect(url)
         .await
         .map_err(err)?;
-    let sqlx = SqlxPostgresStore::builder(pool)
+    let sqlx = SqlxPostgresStore::builder_from_sqlx_pool(pool)
         .schema(SCHEMA)
         .build()
         .await
@@ -133,7 +133,7 @@ async fn open(servers: &Servers) -> Result<Stores, String> {
         .connect(url)
         .await
         .map_err(err)?;
-    let sqlx_no_ping = SqlxPostgresStore::builder(pool)
+    let sqlx_no_ping = SqlxPostgresStore::builder_from_sqlx_pool(pool)
         .schema(SCHEMA)
         .build()
         .await

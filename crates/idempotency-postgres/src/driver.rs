@@ -1,11 +1,15 @@
 //! What the store needs of a PostgreSQL driver: run one of its statements on a pooled
 //! connection, open a transaction with a statement, finish one with a statement and `COMMIT`.
 //! The store's operations and its transactions are written once over this
-//! ([`crate::primitives`], [`crate::open_transaction`]); `store.rs` (tokio-postgres and deadpool)
-//! and `sqlx_store/` implement it.
+//! ([`crate::primitives`], [`crate::open_transaction`]); `tokio_store/` (tokio-postgres and
+//! deadpool) and `sqlx_store/` implement it. Nothing here depends on the modules above it.
+//!
+//! [`Driver`] is the public, sealed name of a driver (`PostgresStore<D: Driver>`); what a
+//! driver does is [`DriverOps`], which only this crate can name or implement.
 
+use crate::record::{RecordColumns, corrupt_field};
 use crate::schema::Sql;
-use crate::table::{RecordColumns, corrupt_field};
+use crate::state::StateWatch;
 use async_trait::async_trait;
 use idempotency_core::{Record, StoreError};
 
@@ -17,7 +21,7 @@ pub(crate) const UNIQUE_VIOLATION: &str = "23505";
 
 /// A parameter of one of the store's statements, as every driver binds it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Param<'a> {
+pub enum Param<'a> {
     /// `text`
     Text(&'a str),
     /// `bytea`
@@ -75,7 +79,7 @@ impl OwnedParam {
 /// A statement to send after another on the same connection if the caller stops waiting for
 /// the first (see [`Driver::query_or_undo`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Undo<'a> {
+pub struct Undo<'a> {
     pub(crate) sql: &'a Sql,
     pub(crate) params: &'a [Param<'a>],
 }
@@ -147,7 +151,7 @@ impl<C: Send + 'static> Drop for UndoOnDrop<'_, C> {
 /// A driver's failure: the store error it means, and the server's SQLSTATE when the server
 /// answered with an error.
 #[derive(Debug)]
-pub(crate) struct DriverError {
+pub struct DriverError {
     /// The server's SQLSTATE, if the server answered.
     pub(crate) sqlstate: Option<String>,
     /// What the failure means to the store.
@@ -168,7 +172,7 @@ impl From<DriverError> for StoreError {
 }
 
 /// A row as the store reads it.
-pub(crate) trait DriverRow: Send + Sync {
+pub trait DriverRow: Send + Sync {
     /// A `bool` column (`None` for NULL).
     fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError>;
     /// A `bytea` column (`None` for NULL).
@@ -185,35 +189,10 @@ pub(crate) trait DriverRow: Send + Sync {
     }
 }
 
-/// Implements [`DriverRow`] for a driver's row type, whose `try_get(index)` (in scope where
-/// this is called) reads a column as the type asked for.
-macro_rules! driver_row {
-    ($row:ty) => {
-        impl $crate::driver::DriverRow for $row {
-            fn opt_bool(&self, i: usize) -> Result<Option<bool>, idempotency_core::StoreError> {
-                self.try_get(i)
-                    .map_err(|_| $crate::table::corrupt_field("a boolean column"))
-            }
-
-            fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, idempotency_core::StoreError> {
-                self.try_get(i)
-                    .map_err(|_| $crate::table::corrupt_field("a bytea column"))
-            }
-
-            fn int8(&self, i: usize) -> Result<i64, idempotency_core::StoreError> {
-                self.try_get(i)
-                    .map_err(|_| $crate::table::corrupt_field("a bigint column"))
-            }
-
-            fn float8(&self, i: usize) -> Result<f64, idempotency_core::StoreError> {
-                self.try_get(i)
-                    .map_err(|_| $crate::table::corrupt_field("a double precision column"))
-            }
-        }
-    };
+/// A column read as its type, or the corrupt-record error that names what it should be.
+pub(crate) fn column<T, E>(read: Result<T, E>, what: &'static str) -> Result<T, StoreError> {
+    read.map_err(|_| corrupt_field(what))
 }
-
-pub(crate) use driver_row;
 
 /// The record in `row`'s columns from `offset` on (the statements' `RECORD_COLUMNS`).
 pub(crate) fn record_from_row<R: DriverRow>(row: &R, offset: usize) -> Result<Record, StoreError> {
@@ -233,9 +212,18 @@ pub(crate) fn record_from_row<R: DriverRow>(row: &R, offset: usize) -> Result<Re
 /// connection.
 pub(crate) type PendingRows<R> = tokio::sync::oneshot::Receiver<Result<Vec<R>, DriverError>>;
 
-/// A PostgreSQL driver under the store.
+/// A PostgreSQL driver under the store: `PostgresStore<D: Driver>`. Sealed: the drivers are
+/// this crate's ([`TokioPostgres`](crate::TokioPostgres) with the feature `tokio-postgres`,
+/// [`Sqlx`](crate::Sqlx) with `sqlx`).
+pub trait Driver: DriverOps {}
+
+/// What a driver does for the store. Public in name only: it lives in a private module, so no
+/// other crate can name it, and so none can implement [`Driver`].
 #[async_trait]
-pub(crate) trait Driver: Send + Sync + 'static {
+pub trait DriverOps: Send + Sync + 'static {
+    /// What the store's builder takes for this driver only (a URL and pool settings, or a
+    /// pool).
+    type Options: Send;
     /// A row of a result.
     type Row: DriverRow + 'static;
     /// A connection inside a transaction the store opened. Dropped before it ended, it rolls
@@ -303,4 +291,8 @@ pub(crate) trait Driver: Send + Sync + 'static {
 
     /// Rolls `tx` back and returns its connection to the pool (or closes it when it cannot).
     async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError>;
+
+    /// Checks the table's state sentinel on a pooled connection (see
+    /// `PostgresStore::check_state`).
+    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError>;
 }

@@ -112,11 +112,63 @@ const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 pub(crate) fn setup_error(e: PostgresStoreError) -> StoreError {
     match e {
         #[cfg(feature = "tokio-postgres")]
-        PostgresStoreError::Query(e) => crate::tokio_store::query_error(e),
+        PostgresStoreError::Query(e) => query_error(e),
         #[cfg(feature = "tokio-postgres")]
-        PostgresStoreError::Pool(e) => crate::tokio_store::pool_error(e),
+        PostgresStoreError::Pool(e) => pool_error(e),
         #[cfg(feature = "sqlx")]
-        PostgresStoreError::Sqlx(e) => crate::sqlx_store::sqlx_error(e),
+        PostgresStoreError::Sqlx(e) => sqlx_error(e),
         other => StoreError::from_failure(BACKEND, false, other),
     }
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl From<deadpool_postgres::PoolError> for PostgresStoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        PostgresStoreError::Pool(e)
+    }
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl From<tokio_postgres::Error> for PostgresStoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PostgresStoreError::Query(e)
+    }
+}
+
+/// A tokio-postgres statement error as a store error, retryable when the server cannot answer
+/// now: the connection closed, an I/O or protocol error (no SQLSTATE), or a transient SQLSTATE.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn query_error(e: tokio_postgres::Error) -> StoreError {
+    let transient = e.is_closed()
+        || e.code()
+            .is_none_or(|code| is_transient_sqlstate(code.code()));
+    StoreError::from_failure(BACKEND, transient, e)
+}
+
+/// A deadpool error as a store error: the server's own error as [`query_error`] maps it; the
+/// rest (a timeout, a closed pool) retryable.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => query_error(e),
+        other => StoreError::from_failure(BACKEND, true, other),
+    }
+}
+
+/// An sqlx error as a store error, retryable when the server cannot answer now.
+#[cfg(feature = "sqlx")]
+pub(crate) fn sqlx_error(e: sqlx::Error) -> StoreError {
+    let transient = match &e {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_transient_sqlstate(&code)),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => true,
+        _ => false,
+    };
+    StoreError::from_failure(BACKEND, transient, e)
 }

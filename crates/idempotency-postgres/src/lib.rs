@@ -28,24 +28,31 @@
 //!   unlogged tables survive failover (AWS docs), so only the lease frees stale claims.
 
 //!
-//! # Two drivers
-//! `PostgresStore` runs on tokio-postgres and deadpool (feature `tokio-postgres`, on by
-//! default: its own pool, pipelined transactions, TLS with `tls`). With the `sqlx` feature,
-//! `SqlxPostgresStore` runs on an application's existing `sqlx::PgPool`, and handlers write in a
-//! `sqlx::Transaction` (`SqlxTransaction`); with default features off, an sqlx build compiles
-//! neither tokio-postgres nor deadpool. Both send the same SQL text through the same store
-//! operations, apply the same migrations by the same code, refuse a standby and notice a lost
-//! table the same way; `docs/postgres.md` says how to choose.
+//! # Two drivers, one store
+//! [`PostgresStore<D>`](PostgresStore) is written once over a sealed [`Driver`]. The default,
+//! `PostgresStore` = `PostgresStore<TokioPostgres>` (feature `tokio-postgres`, on by default),
+//! runs on tokio-postgres with its own deadpool pool, pipelined transactions and TLS (`tls`).
+//! With the `sqlx` feature, [`SqlxPostgresStore`] = `PostgresStore<Sqlx>` runs on an
+//! application's existing `sqlx::PgPool`, and handlers write in a [`SqlxTransaction`] =
+//! `PgTransaction<Sqlx>`; with default features off, an sqlx build compiles neither
+//! tokio-postgres nor deadpool. Both send the same SQL text through the same store operations,
+//! apply the same migrations by the same code, refuse a standby and notice a lost table the same
+//! way; `docs/postgres.md` says how to choose.
 //!
-//! # Files
-//! Written once, over a small driver interface: `driver.rs` (the interface: query, execute,
-//! begin with a statement, commit with a statement), `primitives.rs` (the six store steps),
-//! `open_transaction.rs` (a handler's writes and its response in one transaction, both modes),
-//! `schema.rs` (the SQL text of every statement; `schema/names.rs`: names and table modes),
-//! `migrate.rs` (the numbered migrations and the policy that applies them), `table.rs`
-//! (settings, statements, reading a record), `session.rs` (setup statements), `status.rs`
-//! (what the server and table look like), `state.rs` (the sentinel that notices a table emptied
-//! by a crash), `error.rs`. The drivers: `tokio_store/` and `sqlx_store/`.
+//! # Files, top-down
+//! - the store: `store.rs` (`PostgresStore<D>` and the store trait), `builder.rs` (the settings
+//!   both drivers share), `open_transaction.rs` (the handler's `PgTransaction<D>`: its writes
+//!   and its response in one transaction, every claim mode; `open_transaction/keyed.rs`: the
+//!   one-transaction modes), `tokio_store.rs` and `sqlx_store.rs` (what one driver alone
+//!   offers: builders, its pool, the transaction's connection);
+//! - written once over a driver: `primitives.rs` (the six store steps), `migrate.rs`,
+//!   `status.rs`, `table.rs` (settings, rendered statements);
+//! - the drivers: `driver.rs` (the interface), `tokio_driver/` (pool, statements, pipelining,
+//!   TLS), `sqlx_driver/`;
+//! - beneath them all: `schema.rs` (the SQL text of every statement; `schema/names.rs`: names
+//!   and table modes), `record.rs` (a record from its columns), `state.rs` (the sentinel that
+//!   notices a table emptied by a crash), `session.rs` (setup statements), `error.rs`,
+//!   `sqlstate.rs`.
 
 // With neither driver (`--no-default-features`) the crate still builds: the schema, migrations
 // and their rendering, with no store to run them.
@@ -54,40 +61,57 @@
     allow(dead_code, unused_imports, unused_macros)
 )]
 
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+mod builder;
 mod driver;
 mod error;
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+mod flavour;
 mod migrate;
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
 mod open_transaction;
 mod primitives;
+mod record;
 mod schema;
 mod session;
 mod sqlstate;
 #[cfg(feature = "sqlx")]
+mod sqlx_driver;
+#[cfg(feature = "sqlx")]
 mod sqlx_store;
 mod state;
 mod status;
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+mod store;
 mod table;
+#[cfg(feature = "tokio-postgres")]
+mod tokio_driver;
 #[cfg(feature = "tokio-postgres")]
 mod tokio_store;
 
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+pub use builder::PostgresStoreBuilder;
+pub use driver::Driver;
 pub use error::PostgresStoreError;
 pub use migrate::{MigrationReport, PurgeJob};
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+pub use open_transaction::PgTransaction;
 pub use schema::{StatementsSql, TableMode};
 pub use sqlstate::is_permanent_sqlstate;
+#[cfg(feature = "sqlx")]
+pub use sqlx_driver::Sqlx;
+#[cfg(feature = "sqlx")]
+pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxTransaction};
 pub use status::{PurgeStatus, RecordTimes, StoreStatus};
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+pub use store::PostgresStore;
+pub use table::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
 #[cfg(feature = "raw-connection")]
-pub use tokio_store::connect_raw;
+pub use tokio_driver::connect_raw;
 #[cfg(feature = "tokio-postgres")]
-pub use tokio_store::{PgTransaction, PostgresStore, PostgresStoreBuilder, SslMode};
-#[cfg(feature = "tokio-postgres")]
-pub use {deadpool_postgres, tokio_postgres};
+pub use tokio_driver::{SslMode, TokioPostgres};
 
 #[cfg(feature = "sqlx")]
 pub use sqlx;
-#[cfg(feature = "sqlx")]
-pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxTransaction};
-
-/// The default table name (the ADR's).
-pub const DEFAULT_TABLE: &str = "idempotency_keys";
-/// The default pg_cron schedule of the purge job: hourly, as the ADR says.
-pub const DEFAULT_PURGE_SCHEDULE: &str = "0 * * * *";
+#[cfg(feature = "tokio-postgres")]
+pub use {deadpool_postgres, tokio_postgres};

@@ -1,21 +1,27 @@
 //! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
 //! check of the claim) or in the one-transaction modes (the key's lookup and lock:
-//! `open_transaction/keyed.rs`), and committing it with the stored response. `PgTransaction`
-//! and `SqlxTransaction` are this with their driver's handle.
+//! `open_transaction/keyed.rs`), and committing it with the stored response; the handler's
+//! [`PgTransaction<D>`](PgTransaction), and the store's `TransactionalStore`. Each driver's
+//! `Deref` to its connection is in `tokio_store.rs` / `sqlx_store.rs`.
 
 use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows};
 use crate::error::BACKEND;
+use crate::flavour::DefaultDriver;
 use crate::primitives::StoreCore;
+use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
 use idempotency_core::{
-    CommitOutcome, CorruptRecord, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
+    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, KeyedBegin, LeaseToken, Scope,
+    StoreError, StoreTransaction, StoredResponse, TransactionalStore,
 };
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod keyed;
 
-use keyed::Keyed;
+use keyed::{Begun, Keyed};
 
 /// A transaction the store opened for one request.
 pub(crate) struct OpenTransaction<D: Driver> {
@@ -254,95 +260,113 @@ impl<D: Driver> StoreCore<D> {
     }
 }
 
-/// Implements `Debug` and `StoreTransaction` for `$tx`, a newtype over `OpenTransaction`, and
-/// `TransactionalStore` for `$store`, whose `inner` is an `Arc<StoreCore<_>>`, handing out
-/// `$tx`.
-macro_rules! transactions_on_core {
-    ($store:ty, $tx:ident) => {
-        impl std::fmt::Debug for $tx {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($tx))
-                    .field("table", &self.0.table())
-                    .field("open", &self.0.is_open())
-                    .finish_non_exhaustive()
-            }
-        }
+/// A request's transaction on the store's pool, on the driver `D`: the handler's writes and its
+/// stored response commit together, or not at all.
+///
+/// It derefs to the driver's connection inside the transaction (`PgTransaction`: deadpool's
+/// `ClientWrapper`, which derefs to `tokio_postgres::Client`; `SqlxTransaction` =
+/// `PgTransaction<Sqlx>`: `sqlx::PgConnection`), so a handler runs its statements on it, inside
+/// the transaction. It offers no way to commit: the layer commits after the handler returns,
+/// storing the response in the same transaction after checking that this request still holds
+/// its key. Do not run `COMMIT` or `ROLLBACK` yourself: the completion notices and stores
+/// nothing, and statements run after them are outside any transaction (`docs/failure-modes.md`).
+///
+/// In an axum handler, take it as `idempotency::Tx<PgTransaction>` (feature `axum`); elsewhere,
+/// open it from the request's `TransactionSlot` extension:
+///
+/// ```no_run
+/// # #[cfg(feature = "tokio-postgres")]
+/// # async fn handler(request: idempotency_core::http::Request<()>) -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_core::TransactionSlot;
+/// use idempotency_postgres::PgTransaction;
+///
+/// let slot = request.extensions().get::<TransactionSlot>().ok_or("no idempotency transaction")?;
+/// let tx = slot.open::<PgTransaction>().await?;
+/// tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&"Buy milk"]).await?;
+/// drop(tx); // before returning the response
+/// # Ok(()) }
+/// ```
+///
+/// The transaction runs at PostgreSQL's default isolation, READ COMMITTED (the store's check is
+/// its first statement, so it cannot be changed afterwards). On sqlx it costs two more round
+/// trips per request: sqlx sends `BEGIN` and `COMMIT` on their own, where tokio-postgres
+/// pipelines them with the store's statements.
+pub struct PgTransaction<D: Driver = DefaultDriver>(pub(crate) OpenTransaction<D>);
 
-        #[async_trait::async_trait]
-        impl idempotency_core::StoreTransaction for $tx {
-            async fn complete_and_commit(
-                mut self: Box<Self>,
-                response: &idempotency_core::StoredResponse,
-                retention: std::time::Duration,
-            ) -> Result<idempotency_core::CommitOutcome, idempotency_core::StoreError> {
-                self.0.complete_and_commit(response, retention).await
-            }
-
-            async fn rollback(mut self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
-                self.0.rollback().await
-            }
-
-            async fn settle(
-                &mut self,
-            ) -> Result<idempotency_core::store::Settled, idempotency_core::StoreError> {
-                self.0.settle().await
-            }
-
-            fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-                self
-            }
-        }
-
-        #[async_trait::async_trait]
-        impl idempotency_core::TransactionalStore for $store {
-            async fn begin_transaction(
-                &self,
-                scope: &idempotency_core::Scope,
-                key: &idempotency_core::IdempotencyKey,
-                token: idempotency_core::LeaseToken,
-            ) -> Result<
-                Option<Box<dyn idempotency_core::StoreTransaction>>,
-                idempotency_core::StoreError,
-            > {
-                let open = self.inner.begin_transaction(scope, key, token).await?;
-                Ok(open.map(|tx| Box::new($tx(tx)) as Box<dyn idempotency_core::StoreTransaction>))
-            }
-
-            fn supports_one_transaction(&self) -> bool {
-                self.inner.transactions
-            }
-
-            async fn begin_keyed(
-                &self,
-                scope: &idempotency_core::Scope,
-                key: &idempotency_core::IdempotencyKey,
-                fingerprint: &idempotency_core::Fingerprint,
-                token: idempotency_core::LeaseToken,
-                hold: std::time::Duration,
-            ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
-                let begun = self
-                    .inner
-                    .begin_keyed(scope, key, fingerprint, token, hold)
-                    .await?;
-                Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
-            }
-
-            async fn begin_keyed_speculative(
-                &self,
-                scope: &idempotency_core::Scope,
-                key: &idempotency_core::IdempotencyKey,
-                fingerprint: &idempotency_core::Fingerprint,
-                token: idempotency_core::LeaseToken,
-                hold: std::time::Duration,
-            ) -> Result<idempotency_core::KeyedBegin, idempotency_core::StoreError> {
-                let begun = self
-                    .inner
-                    .begin_keyed_speculative(scope, key, fingerprint, token, hold)
-                    .await?;
-                Ok(begun.keyed_begin(|tx| Box::new($tx(tx))))
-            }
-        }
-    };
+impl<D: Driver> fmt::Debug for PgTransaction<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgTransaction")
+            .field("driver", &std::any::type_name::<D>())
+            .field("table", &self.0.table())
+            .field("open", &self.0.is_open())
+            .finish_non_exhaustive()
+    }
 }
 
-pub(crate) use transactions_on_core;
+#[async_trait::async_trait]
+impl<D: Driver> StoreTransaction for PgTransaction<D> {
+    async fn complete_and_commit(
+        mut self: Box<Self>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<CommitOutcome, StoreError> {
+        self.0.complete_and_commit(response, retention).await
+    }
+
+    async fn rollback(mut self: Box<Self>) -> Result<(), StoreError> {
+        self.0.rollback().await
+    }
+
+    async fn settle(&mut self) -> Result<Settled, StoreError> {
+        self.0.settle().await
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl<D: Driver> TransactionalStore for PostgresStore<D> {
+    async fn begin_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        token: LeaseToken,
+    ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError> {
+        let open = self.inner.begin_transaction(scope, key, token).await?;
+        Ok(open.map(|tx| Box::new(PgTransaction(tx)) as Box<dyn StoreTransaction>))
+    }
+
+    fn supports_one_transaction(&self) -> bool {
+        self.inner.transactions
+    }
+
+    async fn begin_keyed(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        hold: Duration,
+    ) -> Result<KeyedBegin, StoreError> {
+        self.inner
+            .begin_keyed(scope, key, fingerprint, token, hold)
+            .await
+            .map(Begun::into_keyed_begin)
+    }
+
+    async fn begin_keyed_speculative(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        hold: Duration,
+    ) -> Result<KeyedBegin, StoreError> {
+        self.inner
+            .begin_keyed_speculative(scope, key, fingerprint, token, hold)
+            .await
+            .map(Begun::into_keyed_begin)
+    }
+}

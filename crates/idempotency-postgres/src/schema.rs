@@ -8,7 +8,7 @@ pub(crate) use names::{TableName, fill_placeholders, sentinel_sql};
 /// One statement of the store: its text, and the types of its parameters (which let it be sent
 /// unnamed, for connection poolers in transaction mode).
 #[derive(Clone, Debug)]
-pub(crate) struct Sql {
+pub struct Sql {
     pub(crate) text: String,
     /// Read by the tokio-postgres driver, which sends statements unnamed behind a pooler; sqlx
     /// binds typed values and needs no list.

@@ -8,7 +8,7 @@ use idempotency_core::StateLoss;
 /// A sentinel row that never expires is re-inserted when missing; each re-insertion is one loss
 /// (crash recovery of an UNLOGGED table, a failover, a `TRUNCATE`).
 #[derive(Debug)]
-pub(crate) struct StateWatch {
+pub struct StateWatch {
     sentinel: String,
     table: String,
     pub(crate) losses: StateLoss,

@@ -83,7 +83,7 @@ mod sqlx {
             .connect_with(options)
             .await
             .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-        let store = SqlxPostgresStore::builder(pool)
+        let store = SqlxPostgresStore::builder_from_sqlx_pool(pool)
             .schema(schema.name())
             .table_mode(mode)
             .build()

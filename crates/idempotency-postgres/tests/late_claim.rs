@@ -126,7 +126,7 @@ mod postgres {
             .connect(&url)
             .await
             .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
-        let store = SqlxPostgresStore::builder(pool)
+        let store = SqlxPostgresStore::builder_from_sqlx_pool(pool)
             .schema(schema.name())
             .table_mode(TableMode::Logged)
             .build()

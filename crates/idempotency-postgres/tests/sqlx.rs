@@ -56,7 +56,7 @@ mod postgres {
             .table_mode(TableMode::Logged)
             .migration_sql()
             .expect("render");
-        let sqlx = SqlxPostgresStore::builder(
+        let sqlx = SqlxPostgresStore::builder_from_sqlx_pool(
             PgPoolOptions::new()
                 .connect_lazy("postgres://unused")
                 .expect("a lazy pool"),
@@ -74,7 +74,7 @@ mod postgres {
     async fn one_history_for_both_flavours_and_the_mode_is_checked() {
         let schema = TestSchema::new("idem_sqlx");
         let url = schema.url();
-        let sqlx = SqlxPostgresStore::builder(pool(url).await)
+        let sqlx = SqlxPostgresStore::builder_from_sqlx_pool(pool(url).await)
             .schema(schema.name())
             .build()
             .await
@@ -90,7 +90,7 @@ mod postgres {
         let report = tokio.migrate().await.expect("migrate with tokio-postgres");
         assert!(report.applied.is_empty(), "{report}");
         assert_eq!(sqlx.statements().claim, tokio.statements().claim);
-        let unlogged = SqlxPostgresStore::builder(pool(url).await)
+        let unlogged = SqlxPostgresStore::builder_from_sqlx_pool(pool(url).await)
             .schema(schema.name())
             .table_mode(TableMode::Unlogged)
             .build()
@@ -111,7 +111,7 @@ mod postgres {
     async fn both_flavours_read_the_same_status_and_record_times() {
         let schema = TestSchema::new("idem_sqlxst");
         let url = schema.url();
-        let sqlx = SqlxPostgresStore::builder(pool(url).await)
+        let sqlx = SqlxPostgresStore::builder_from_sqlx_pool(pool(url).await)
             .schema(schema.name())
             .build()
             .await
@@ -164,7 +164,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn async_commit_needs_the_setting_on_the_pool() {
         let url = idempotency_testkit::env::postgres_url();
-        match SqlxPostgresStore::builder(pool(&url).await)
+        match SqlxPostgresStore::builder_from_sqlx_pool(pool(&url).await)
             .table_mode(TableMode::LoggedAsyncCommit)
             .build()
             .await
@@ -180,7 +180,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_emptied_table_is_noticed() {
         let schema = TestSchema::new("idem_sqlx");
-        let store = SqlxPostgresStore::builder(pool(schema.url()).await)
+        let store = SqlxPostgresStore::builder_from_sqlx_pool(pool(schema.url()).await)
             .schema(schema.name())
             .build()
             .await
@@ -208,7 +208,7 @@ mod postgres {
         let primary = TempPostgres::start(&[])
             .unwrap_or_else(|e| panic!("could not start a throwaway PostgreSQL: {e}"));
         let url = primary.url("postgres");
-        let store = SqlxPostgresStore::builder(pool(&url).await)
+        let store = SqlxPostgresStore::builder_from_sqlx_pool(pool(&url).await)
             .table_mode(TableMode::Unlogged)
             .build()
             .await
@@ -220,7 +220,7 @@ mod postgres {
         let standby = primary
             .start_standby()
             .unwrap_or_else(|e| panic!("pg_basebackup standby: {e}\n{}", primary.log()));
-        match SqlxPostgresStore::builder(pool(&standby.url("postgres")).await)
+        match SqlxPostgresStore::builder_from_sqlx_pool(pool(&standby.url("postgres")).await)
             .build()
             .await
         {
@@ -239,7 +239,7 @@ mod postgres {
             // sqlx may already have replaced the dead connection; then the row is gone.
             Ok(record) => assert_eq!(record, None),
         }
-        let after = SqlxPostgresStore::builder(pool(&url).await)
+        let after = SqlxPostgresStore::builder_from_sqlx_pool(pool(&url).await)
             .build()
             .await
             .expect("build after the crash");
@@ -252,7 +252,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn checking_a_missing_table_is_not_retryable() {
         let schema = TestSchema::new("idem_sqlx");
-        let sqlx = SqlxPostgresStore::builder(pool(schema.url()).await)
+        let sqlx = SqlxPostgresStore::builder_from_sqlx_pool(pool(schema.url()).await)
             .schema(schema.name())
             .build()
             .await

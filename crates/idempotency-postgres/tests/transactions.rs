@@ -139,7 +139,7 @@ mod postgres {
                 .connect_with(options)
                 .await
                 .unwrap_or_else(|e| server_unreachable("PostgreSQL", url, &e));
-            idempotency_postgres::SqlxPostgresStore::builder(pool)
+            idempotency_postgres::SqlxPostgresStore::builder_from_sqlx_pool(pool)
                 .schema(schema)
                 .table_mode(mode)
                 .transactions(transactions)

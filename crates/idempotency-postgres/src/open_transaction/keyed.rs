@@ -2,7 +2,7 @@
 //! (waited for, or queued and settled later in the speculative mode), and the completed
 //! record inserted with `COMMIT`.
 
-use super::{OpenTransaction, commit_error};
+use super::{OpenTransaction, PgTransaction, commit_error};
 use crate::driver::{
     DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
@@ -10,8 +10,8 @@ use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
 use idempotency_core::{
-    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope,
-    StoreError, StoredResponse,
+    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, KeyedBegin, LeaseToken, Record,
+    Scope, StoreError, StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,15 +36,12 @@ pub(crate) enum Begun<D: Driver> {
 }
 
 impl<D: Driver> Begun<D> {
-    /// As core's `KeyedBegin`, the transaction wrapped by `wrap` (the driver's handle type).
-    pub(crate) fn keyed_begin(
-        self,
-        wrap: impl FnOnce(OpenTransaction<D>) -> Box<dyn idempotency_core::StoreTransaction>,
-    ) -> idempotency_core::KeyedBegin {
+    /// As core's `KeyedBegin`, the transaction handed out as a [`PgTransaction`].
+    pub(crate) fn into_keyed_begin(self) -> KeyedBegin {
         match self {
-            Begun::Absent(tx) => idempotency_core::KeyedBegin::Absent(wrap(tx)),
-            Begun::Existing(record) => idempotency_core::KeyedBegin::Existing(record),
-            Begun::Busy => idempotency_core::KeyedBegin::Busy,
+            Begun::Absent(tx) => KeyedBegin::Absent(Box::new(PgTransaction(tx))),
+            Begun::Existing(record) => KeyedBegin::Existing(record),
+            Begun::Busy => KeyedBegin::Busy,
         }
     }
 }

@@ -1,9 +1,8 @@
-//! Setup statements and error mapping over sqlx.
+//! Setup statements over sqlx.
 
-use crate::error::{BACKEND, PostgresStoreError, is_transient_sqlstate};
+use crate::error::PostgresStoreError;
 use crate::session::SetupSession;
 use async_trait::async_trait;
-use idempotency_core::StoreError;
 use sqlx::{Executor, PgConnection, Row};
 
 /// A sqlx connection (or transaction) as a [`SetupSession`]. Statements are not cached on the
@@ -36,20 +35,4 @@ impl SetupSession for SqlxSession<'_> {
             .collect::<Result<_, _>>()
             .map_err(PostgresStoreError::from)
     }
-}
-
-/// A sqlx error as a store error: retryable when the server or the pool cannot answer now.
-pub(crate) fn sqlx_error(e: sqlx::Error) -> StoreError {
-    let transient = match &e {
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_transient_sqlstate(&code)),
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::BeginFailed => true,
-        _ => false,
-    };
-    StoreError::from_failure(BACKEND, transient, e)
 }

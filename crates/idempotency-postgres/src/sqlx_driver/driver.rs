@@ -1,108 +1,30 @@
-//! The sqlx driver: the store on an application's pool, its accessors, and the driver interface
-//! the store's primitives and transactions are written over (the same statements as the
-//! tokio-postgres driver's).
+//! The sqlx driver: the store's statements on an application's pool (the same SQL text as the
+//! tokio-postgres driver's), and the request's transaction as a `sqlx::Transaction`.
 
-use super::session::{SqlxSession, sqlx_error};
-use crate::driver::{Driver, DriverError, OwnedParam, Param, Undo, UndoOnDrop, driver_row};
-use crate::error::BACKEND;
-use crate::error::{PostgresStoreError, setup_error};
-use crate::primitives::{StoreCore, store_on_core};
+use super::session::SqlxSession;
+use crate::driver::{
+    Driver, DriverError, DriverOps, DriverRow, OwnedParam, Param, Undo, UndoOnDrop, column,
+};
+use crate::error::{BACKEND, setup_error, sqlx_error};
 use crate::schema::Sql;
-use crate::status::{self, RecordTimes, StoreStatus};
-use crate::{MigrationReport, migrate};
+use crate::state::StateWatch;
 use async_trait::async_trait;
-use idempotency_core::{IdempotencyKey, Scope, StoreError};
+use idempotency_core::StoreError;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgPool, Postgres, Row};
-use std::sync::Arc;
 
-/// The driver: the application's pool.
-pub(crate) struct SqlxDriver {
+/// The sqlx driver (feature `sqlx`): `SqlxPostgresStore` is `PostgresStore<Sqlx>`, on an
+/// application's [`sqlx::PgPool`].
+pub struct Sqlx {
     pub(crate) pool: PgPool,
 }
 
-/// What every clone of a store shares.
-pub(crate) type SqlxInner = StoreCore<SqlxDriver>;
-
-/// The PostgreSQL store on an application's [`sqlx::PgPool`] (feature `sqlx`): the table,
-/// SQL, migrations, writer check and lost-state sentinel of
-/// `PostgresStore`, on sqlx instead of tokio-postgres and deadpool.
-/// Cheap to clone; clones share the pool.
-///
-/// ```no_run
-/// use idempotency_postgres::{SqlxPostgresStore, TableMode};
-///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), idempotency_postgres::PostgresStoreError> {
-/// let store = SqlxPostgresStore::builder(pool)   // the pool your app already has
-///     .table_mode(TableMode::Unlogged)
-///     .build()
-///     .await?;                                   // refuses a standby / reader endpoint
-/// store.migrate().await?;                        // the same migrations as PostgresStore's
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct SqlxPostgresStore {
-    pub(crate) inner: Arc<SqlxInner>,
-}
-
-impl SqlxPostgresStore {
-    /// The pool the store uses.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.driver.pool
-    }
-
-    /// Creates the table and index if missing and schedules the pg_cron purge job where pg_cron
-    /// is installed: the migrations of `PostgresStore::migrate`,
-    /// by the same code, in one sqlx transaction under the same advisory lock.
-    pub async fn migrate(&self) -> Result<MigrationReport, PostgresStoreError> {
-        let mut tx = self.inner.driver.pool.begin().await?;
-        let report = migrate::migrate_in(&mut SqlxSession(&mut tx), &self.inner.table).await?;
-        tx.commit().await?;
-        Ok(report)
-    }
-
-    /// Checks that the table still holds what it held: returns `true` (and logs an error and
-    /// counts it in `idempotency_store_state_lost_total`) when the table was emptied since the
-    /// last check, by crash recovery of an UNLOGGED table, a failover or a `TRUNCATE`. The store
-    /// checks once when it is built; the pool is yours, so call this periodically (a background
-    /// task every 30 s, say): one single-row `INSERT .. ON CONFLICT DO NOTHING` per call.
-    pub async fn check_state(&self) -> Result<bool, StoreError> {
-        let mut connection = self.inner.driver.pool.acquire().await.map_err(sqlx_error)?;
-        self.inner
-            .table
-            .watch
-            .check(&mut SqlxSession(&mut connection))
-            .await
-            .map_err(setup_error)
-    }
-
-    /// Reads the state of the table, its migrations and its pg_cron purge job, as
-    /// `PostgresStore::status` does, by the same code. Reads only.
-    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
-        let mut connection = self.inner.driver.pool.acquire().await?;
-        status::read_status(&mut SqlxSession(&mut connection), &self.inner.table).await
-    }
-
-    /// When the live record of `(scope, key)` was created and how long until it expires;
-    /// `None` when it is absent. For operators.
-    pub async fn record_times(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
-        let mut connection = self.inner.driver.pool.acquire().await?;
-        status::read_record_times(
-            &mut SqlxSession(&mut connection),
-            &self.inner.table,
-            scope,
-            key,
-        )
-        .await
+impl std::fmt::Debug for Sqlx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sqlx").finish_non_exhaustive()
     }
 }
-
-store_on_core!(SqlxPostgresStore);
 
 /// `sql` with `params` bound, as a sqlx query: prepared once per connection and cached there
 /// (sqlx's default), so after the first use, one round trip.
@@ -130,7 +52,20 @@ fn driver_error(e: sqlx::Error) -> DriverError {
     }
 }
 
-driver_row!(PgRow);
+impl DriverRow for PgRow {
+    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError> {
+        column(self.try_get(i), "a boolean column")
+    }
+    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError> {
+        column(self.try_get(i), "a bytea column")
+    }
+    fn int8(&self, i: usize) -> Result<i64, StoreError> {
+        column(self.try_get(i), "a bigint column")
+    }
+    fn float8(&self, i: usize) -> Result<f64, StoreError> {
+        column(self.try_get(i), "a double precision column")
+    }
+}
 
 /// Sends an [`Undo`] on `connection`; sqlx first reads what the statement before it answers.
 /// A connection that fails it is closed rather than pooled.
@@ -152,8 +87,12 @@ fn send_undo(
     })
 }
 
+impl Driver for Sqlx {}
+
 #[async_trait]
-impl Driver for SqlxDriver {
+impl DriverOps for Sqlx {
+    /// The application's pool.
+    type Options = PgPool;
     type Row = PgRow;
     /// Dropped before it ends, a sqlx transaction is rolled back before its connection is used
     /// again.
@@ -237,5 +176,13 @@ impl Driver for SqlxDriver {
 
     async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError> {
         tx.rollback().await.map_err(driver_error)
+    }
+
+    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError> {
+        let mut connection = self.pool.acquire().await.map_err(sqlx_error)?;
+        watch
+            .check(&mut SqlxSession(&mut connection))
+            .await
+            .map_err(setup_error)
     }
 }

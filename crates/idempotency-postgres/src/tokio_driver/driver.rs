@@ -1,37 +1,47 @@
-//! The tokio-postgres and deadpool driver: the store's pool, its accessors, and the driver
-//! interface the store's primitives and transactions are written over.
+//! The tokio-postgres and deadpool driver: the pool, how statements are sent on it (prepared,
+//! or unnamed behind a transaction pooler; `BEGIN` and `COMMIT` pipelined), and the connection
+//! a request's transaction holds.
 
-use super::error::{pool_error, query_error};
+use super::options::TokioOptions;
 use super::session::TokioSession;
 use super::statement::Ready;
+use super::transaction::{TokioTx, close};
 use crate::driver::{
-    Driver, DriverError, OwnedParam, Param, PendingRows, Undo, UndoOnDrop, driver_row,
+    Driver, DriverError, DriverOps, DriverRow, OwnedParam, Param, PendingRows, Undo, UndoOnDrop,
+    column,
 };
-use crate::error::PostgresStoreError;
-use crate::error::{BACKEND, setup_error};
-use crate::primitives::{StoreCore, store_on_core};
+use crate::error::{BACKEND, pool_error, query_error, setup_error};
 use crate::schema::Sql;
-use crate::status::{self, RecordTimes, StoreStatus};
+use crate::state::StateWatch;
 use async_trait::async_trait;
-use deadpool_postgres::{ClientWrapper, Object, Pool};
-use idempotency_core::{IdempotencyKey, Scope, StoreError};
-use std::future::Future as _;
-use std::ops::Deref;
+use deadpool_postgres::{Object, Pool};
+use idempotency_core::StoreError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-/// The driver: the pool, and how statements are sent.
-pub(crate) struct TokioDriver {
+/// The tokio-postgres driver (feature `tokio-postgres`, on by default): `PostgresStore` is
+/// `PostgresStore<TokioPostgres>`. The store's own deadpool pool, statements prepared once per
+/// connection (or sent unnamed behind a transaction pooler), `BEGIN` and `COMMIT` pipelined
+/// with the store's statements.
+pub struct TokioPostgres {
     pub(crate) pool: Pool,
     /// Statements prepared once per connection; off, sent unnamed (for transaction poolers).
     /// Turned off by the driver itself when the server answers as a transaction pooler that
-    /// does not keep prepared statements does (see [`TokioDriver::lost_a_prepared_statement`]).
+    /// does not keep prepared statements does (see [`TokioPostgres::lost_a_prepared_statement`]).
     pub(crate) prepared: Arc<AtomicBool>,
 }
 
-impl TokioDriver {
+impl std::fmt::Debug for TokioPostgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokioPostgres")
+            .field("prepared_statements", &self.prepared())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokioPostgres {
     fn prepared(&self) -> bool {
         self.prepared.load(Ordering::Relaxed)
     }
@@ -49,9 +59,9 @@ impl TokioDriver {
     }
 }
 
-/// [`TokioDriver::lost_a_prepared_statement`] on the driver's flag `statements_prepared`
+/// [`TokioPostgres::lost_a_prepared_statement`] on the driver's flag `statements_prepared`
 /// (for a task of its own).
-fn lost_a_prepared_statement(
+pub(super) fn lost_a_prepared_statement(
     statements_prepared: &AtomicBool,
     prepared: bool,
     error: &tokio_postgres::Error,
@@ -73,64 +83,8 @@ fn lost_a_prepared_statement(
     lost
 }
 
-/// What every clone of a store shares.
-pub(crate) type Inner = StoreCore<TokioDriver>;
-
-/// The PostgreSQL store. Cheap to clone; clones share the pool.
-#[derive(Clone)]
-pub struct PostgresStore {
-    pub(crate) inner: Arc<Inner>,
-}
-
-impl PostgresStore {
-    /// The pool the store uses.
-    pub fn pool(&self) -> &Pool {
-        &self.inner.driver.pool
-    }
-
-    /// Checks that the table still holds what it held: returns `true` (and logs an error and
-    /// counts it in `idempotency_store_state_lost_total`) when the table was emptied since the
-    /// last check, by crash recovery of an UNLOGGED table, a failover or a `TRUNCATE`. Pools built
-    /// by the store run this on every new connection; call it periodically on a pool you passed
-    /// in with [`PostgresStore::builder_from_pool`].
-    pub async fn check_state(&self) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        self.inner
-            .table
-            .watch
-            .check(&mut TokioSession(&**client))
-            .await
-            .map_err(setup_error)
-    }
-
-    /// Reads the state of the table, its migrations and its pg_cron purge job (from `cron.job`,
-    /// so a job someone unscheduled or changed shows). Reads only.
-    pub async fn status(&self) -> Result<StoreStatus, PostgresStoreError> {
-        let client = self.inner.driver.pool.get().await?;
-        status::read_status(&mut TokioSession(&**client), &self.inner.table).await
-    }
-
-    /// When the live record of `(scope, key)` was created and how long until it expires (its
-    /// lease while in flight, its retention once completed); `None` when it is absent. For
-    /// operators (`idempotency inspect`).
-    pub async fn record_times(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<RecordTimes>, PostgresStoreError> {
-        let client = self.inner.driver.pool.get().await?;
-        status::read_record_times(&mut TokioSession(&**client), &self.inner.table, scope, key).await
-    }
-
-    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.inner.driver.pool.get().await.map_err(pool_error)
-    }
-}
-
-store_on_core!(PostgresStore);
-
 /// A statement's parameters as tokio-postgres takes them, without allocating.
-fn sql_params<'a>(params: &'a [Param<'_>]) -> [&'a (dyn ToSql + Sync); MAX_PARAMS] {
+pub(super) fn sql_params<'a>(params: &'a [Param<'_>]) -> [&'a (dyn ToSql + Sync); MAX_PARAMS] {
     const NONE: Option<i32> = None;
     std::array::from_fn(|i| match params.get(i) {
         Some(Param::Text(v)) => v as &(dyn ToSql + Sync),
@@ -146,69 +100,27 @@ fn sql_params<'a>(params: &'a [Param<'_>]) -> [&'a (dyn ToSql + Sync); MAX_PARAM
 /// The most parameters a store statement takes.
 const MAX_PARAMS: usize = 8;
 
-fn driver_error(e: tokio_postgres::Error) -> DriverError {
+pub(super) fn driver_error(e: tokio_postgres::Error) -> DriverError {
     DriverError {
         sqlstate: e.code().map(|code| code.code().to_owned()),
         error: query_error(e),
     }
 }
 
-/// A connection inside a transaction the store opened. Dropped before the transaction ended
-/// (a panic, a cancelled request, a duplicate's answer), it is rolled back in the background
-/// before it returns to the pool, or closed. Shared (an `Arc`) with the task that reads a
-/// queued statement's answer ([`Driver::begin_queued`]); the connection returns to the pool
-/// when the last holder lets go.
-pub(crate) struct TokioTx(Option<Arc<Object>>);
-
-impl Deref for TokioTx {
-    type Target = ClientWrapper;
-
-    fn deref(&self) -> &ClientWrapper {
-        match &self.0 {
-            Some(client) => client,
-            None => unreachable!("the connection is only taken when the transaction ends"),
-        }
+impl DriverRow for Row {
+    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError> {
+        column(self.try_get(i), "a boolean column")
+    }
+    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError> {
+        column(self.try_get(i), "a bytea column")
+    }
+    fn int8(&self, i: usize) -> Result<i64, StoreError> {
+        column(self.try_get(i), "a bigint column")
+    }
+    fn float8(&self, i: usize) -> Result<f64, StoreError> {
+        column(self.try_get(i), "a double precision column")
     }
 }
-
-impl TokioTx {
-    fn new(client: Object) -> Self {
-        TokioTx(Some(Arc::new(client)))
-    }
-
-    /// The connection, which goes back to the pool when dropped.
-    fn end(mut self) -> Option<Arc<Object>> {
-        self.0.take()
-    }
-}
-
-/// Closes `client` instead of pooling it (its session is in an unknown state), unless a task
-/// still reads from it: that task's error ends it the same way.
-fn close(client: Arc<Object>) {
-    if let Ok(client) = Arc::try_unwrap(client) {
-        drop(Object::take(client));
-    }
-}
-
-impl Drop for TokioTx {
-    fn drop(&mut self) {
-        let Some(client) = self.0.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if client.batch_execute("ROLLBACK").await.is_err() {
-                        close(client);
-                    }
-                });
-            }
-            Err(_) => close(client),
-        }
-    }
-}
-
-driver_row!(Row);
 
 /// Sends an [`Undo`] on `client` (unnamed, so it needs nothing prepared on the connection);
 /// a connection that fails it is closed rather than pooled.
@@ -231,7 +143,7 @@ fn send_undo(
     })
 }
 
-impl TokioDriver {
+impl TokioPostgres {
     /// Runs `sql` on `client`.
     async fn query_on(
         &self,
@@ -253,7 +165,7 @@ impl TokioDriver {
 
     /// `sql` made ready on `client` (prepared there, unless statements go unnamed) before a
     /// pipeline that must send `BEGIN` first; whether it was prepared.
-    async fn ready_before_begin<'a>(
+    pub(super) async fn ready_before_begin<'a>(
         &self,
         client: &Object,
         sql: &'a Sql,
@@ -270,7 +182,7 @@ impl TokioDriver {
     }
 
     /// A pooled connection.
-    async fn client(&self) -> Result<Object, DriverError> {
+    pub(super) async fn client(&self) -> Result<Object, DriverError> {
         self.pool.get().await.map_err(|e| DriverError {
             sqlstate: None,
             error: pool_error(e),
@@ -278,10 +190,21 @@ impl TokioDriver {
     }
 }
 
+impl Driver for TokioPostgres {}
+
 #[async_trait]
-impl Driver for TokioDriver {
+impl DriverOps for TokioPostgres {
+    type Options = TokioOptions;
     type Row = Row;
     type Tx = TokioTx;
+
+    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError> {
+        let client = self.client().await.map_err(StoreError::from)?;
+        watch
+            .check(&mut TokioSession(&**client))
+            .await
+            .map_err(setup_error)
+    }
 
     async fn query(&self, sql: &Sql, params: &[Param<'_>]) -> Result<Vec<Row>, DriverError> {
         let client = self.client().await?;
@@ -393,54 +316,6 @@ impl Driver for TokioDriver {
         sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<(TokioTx, PendingRows<Row>), DriverError> {
-        let client = self.client().await?;
-        let (ready, prepared) = self.ready_before_begin(&client, sql).await?;
-        let ready = ready.into_owned();
-        let tx = TokioTx::new(client);
-        let Some(shared) = tx.0.clone() else {
-            unreachable!("a new transaction holds its connection")
-        };
-        let params = OwnedParam::all(params);
-        let statements_prepared = Arc::clone(&self.prepared);
-        let reader = async move {
-            let params: Vec<Param<'_>> = params.iter().map(OwnedParam::as_param).collect();
-            let refs = sql_params(&params);
-            let (begun, rows) = tokio::join!(
-                shared.batch_execute("BEGIN"),
-                ready.query(&shared, &refs[..params.len()])
-            );
-            begun.map_err(driver_error)?;
-            // As in `begin_with`: the next request's statements go out unnamed.
-            rows.inspect_err(|error| {
-                lost_a_prepared_statement(&statements_prepared, prepared, error);
-            })
-            .map_err(driver_error)
-        };
-        let (answer, pending) = tokio::sync::oneshot::channel();
-        let mut reader = Box::pin(async move {
-            let _ = answer.send(reader.await);
-        });
-        // Polled once here, `BEGIN` and the statement are sent (each future sends its request
-        // when first polled, in `join!`'s order) before the caller can send anything on the
-        // transaction; the task then reads their answers.
-        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-        if reader.as_mut().poll(&mut context).is_pending() {
-            tokio::spawn(reader);
-        }
-        Ok((tx, pending))
-    }
-}
-
-impl PostgresStore {
-    /// Creates the table and index if missing, and schedules the pg_cron purge job where pg_cron
-    /// is installed. Idempotent; runs in one transaction under an advisory lock, so several
-    /// instances starting at once do not collide. Fails if the existing table's persistence
-    /// differs from the configured mode.
-    pub async fn migrate(&self) -> Result<crate::MigrationReport, crate::PostgresStoreError> {
-        let mut client = self.inner.driver.pool.get().await?;
-        let tx = client.transaction().await?;
-        let report = crate::migrate::migrate_in(&mut TokioSession(&*tx), &self.inner.table).await?;
-        tx.commit().await?;
-        Ok(report)
+        self.begin_queued_on_a_connection(sql, params).await
     }
 }

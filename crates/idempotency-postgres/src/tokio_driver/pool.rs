@@ -1,0 +1,87 @@
+//! The store's connections on tokio-postgres: the deadpool pool built from a URL (TLS,
+//! timeouts, asynchronous commit for `LoggedAsyncCommit`, the sentinel checked on every new
+//! connection) or the application's own, and the check that the server is a writer.
+
+use super::driver::TokioPostgres;
+use super::options::{Source, TokioOptions};
+use super::session::TokioSession;
+use super::tls::{self, Connector};
+use crate::error::PostgresStoreError;
+use crate::schema::TableMode;
+use crate::session::check_writer;
+use crate::state::StateWatch;
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// The driver on `options`' connections for a table in `mode` whose sentinel is `watch`:
+/// builds the pool (for a URL), checks that the server is a writer and, for
+/// [`TableMode::LoggedAsyncCommit`], that commits are asynchronous.
+pub(crate) async fn connect(
+    options: TokioOptions,
+    mode: TableMode,
+    watch: &Arc<StateWatch>,
+) -> Result<TokioPostgres, PostgresStoreError> {
+    let mut url_prepared = true;
+    let pool = match options.source {
+        Source::Pool(pool) => pool,
+        Source::Url(url) => {
+            let (url, tls) = tls::split(&url)?;
+            url_prepared = tls.prepared_statements;
+            let mut config =
+                tokio_postgres::Config::from_str(&url).map_err(PostgresStoreError::InvalidUrl)?;
+            if let Some(why) = tls.password_exposure(&config) {
+                tracing::warn!("{why}");
+            }
+            config.ssl_mode(tls.tokio_postgres_mode());
+            config.connect_timeout(options.connect_timeout);
+            if mode == TableMode::LoggedAsyncCommit {
+                let options = match config.get_options() {
+                    Some(existing) => format!("{existing} -c synchronous_commit=off"),
+                    None => "-c synchronous_commit=off".to_owned(),
+                };
+                config.options(&options);
+            }
+            let manager_config = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            };
+            let manager = match Connector::for_settings(&tls)? {
+                Connector::Plain(tls) => Manager::from_config(config, tls, manager_config),
+                #[cfg(feature = "tls")]
+                Connector::Rustls(tls) => Manager::from_config(config, tls, manager_config),
+            };
+            // LIFO hands out the connection used last: at low concurrency every step
+            // reuses one warm connection (and one warm backend process) instead of
+            // rotating through the whole pool.
+            let hook_watch = Arc::clone(watch);
+            Pool::builder(manager)
+                    .max_size(options.pool_size)
+                    .queue_mode(QueueMode::Lifo)
+                    // Every new connection checks the sentinel: after a crash every connection
+                    // is new, so the first one notices that the table was emptied.
+                    .post_create(Hook::async_fn(move |client, _| {
+                        let watch = Arc::clone(&hook_watch);
+                        Box::pin(async move {
+                            // Before `migrate` the table does not exist yet: not a loss.
+                            if let Err(error) = watch.check(&mut TokioSession(&**client)).await {
+                                tracing::debug!(error = %idempotency_core::ErrorChain(&error), "could not check the state sentinel");
+                            }
+                            Ok(())
+                        })
+                    }))
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(options.connect_timeout))
+                    .create_timeout(Some(options.connect_timeout))
+                    .build()
+                    .map_err(PostgresStoreError::BuildPool)?
+        }
+    };
+    let client = pool.get().await?;
+    check_writer(&mut TokioSession(&**client), mode).await?;
+    drop(client);
+    Ok(TokioPostgres {
+        pool,
+        prepared: Arc::new(AtomicBool::new(options.prepared_statements && url_prepared)),
+    })
+}
