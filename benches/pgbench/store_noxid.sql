@@ -1,7 +1,7 @@
 \set k random(1, 2000000000)
 \startpipeline
 BEGIN;
-SELECT l.locked, l.began, r.expires_at > now(), request_hash, lease_token IS NOT NULL, (extract(epoch FROM COALESCE(locked_until, expires_at) - now()) * 1000)::bigint, response FROM (SELECT pg_try_advisory_xact_lock(hashtextextended('u' || E'\n' || :k::text, -6198228707280129454)), date_part('epoch', now())) AS l(locked, began) LEFT JOIN "public"."idempotency_keys" AS r ON r.user_id = 'u' AND r.key = :k::text;
+SELECT l.locked, l.began, r.expires_at > now(), request_hash, lease_token IS NOT NULL, (extract(epoch FROM COALESCE(locked_until, expires_at) - now()) * 1000)::bigint, response FROM (SELECT pg_try_advisory_xact_lock(hashtextextended('u' || E'\n' || :k::text, -6198228707280129454)), date_part('epoch', now()), set_config('idle_in_transaction_session_timeout', 60000::int8::text, true)) AS l(locked, began, bound) LEFT JOIN "public"."idempotency_keys" AS r ON r.user_id = 'u' AND r.key = :k::text;
 \endpipeline
 INSERT INTO tasks (title) VALUES ('task ' || :k);
 \startpipeline
