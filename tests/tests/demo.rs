@@ -289,7 +289,7 @@ mod postgres {
             .complete(&scope, &key, token, &response, retention)
             .await
             .unwrap();
-        assert_eq!(completed, idempotency::FenceOutcome::Applied);
+        assert_eq!(completed, idempotency::store::FenceOutcome::Applied);
         let client = db.connect().await;
         let rows = || async {
             let row = client

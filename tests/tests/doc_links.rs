@@ -99,7 +99,11 @@ fn every_relative_link_in_the_markdown_resolves() {
     let root = root();
     let mut files = Vec::new();
     markdown_files(&root, &mut files);
-    assert!(files.len() > 10, "found only {} Markdown files", files.len());
+    assert!(
+        files.len() > 10,
+        "found only {} Markdown files",
+        files.len()
+    );
     let mut broken = Vec::new();
     let mut checked = 0;
     for file in &files {
@@ -152,5 +156,8 @@ fn the_checker_sees_links_and_anchors_as_github_does() {
         anchor(" What each table mode guarantees across a database crash"),
         "what-each-table-mode-guarantees-across-a-database-crash"
     );
-    assert_eq!(anchor("`once` on NATS: JetStream"), "once-on-nats-jetstream");
+    assert_eq!(
+        anchor("`once` on NATS: JetStream"),
+        "once-on-nats-jetstream"
+    );
 }

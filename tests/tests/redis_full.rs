@@ -6,9 +6,10 @@
 use axum::http::StatusCode;
 use bytes::Bytes;
 use idempotency::http::HeaderMap;
+use idempotency::store::ClaimOutcome;
 use idempotency::{
-    BodyCanonicalization, ClaimOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat,
-    LeaseToken, RedisStore, Scope, StoredResponse,
+    BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+    RedisStore, Scope, StoredResponse,
 };
 use idempotency_e2e::{Runs, counting_app, key, request, send, user};
 use idempotency_testkit::TempRedis;

@@ -5,9 +5,8 @@
 use super::measure::claim_complete;
 use fmt::Write as _;
 use idempotency::postgres::tokio_postgres;
-use idempotency::{
-    CommitOutcome, IdempotencyStore, LeaseToken, PostgresStore, SqlxPostgresStore, StoredResponse,
-};
+use idempotency::store::CommitOutcome;
+use idempotency::{IdempotencyStore, LeaseToken, PostgresStore, SqlxPostgresStore, StoredResponse};
 use idempotency_bench::{
     LEASE, RETENTION, Servers, bench_fingerprint, bench_response, bench_scope, err, fresh_key,
     median, pg_claim_complete,

@@ -5,9 +5,10 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use idempotency::postgres::PostgresStoreBuilder;
+use idempotency::store::RecordState;
 use idempotency::{
-    ErrorChain, IdempotencyKey, IdempotencyStore, KeyFormat, PostgresStore, RecordState,
-    RedisStore, Scope, TableMode,
+    ErrorChain, IdempotencyKey, IdempotencyStore, KeyFormat, PostgresStore, RedisStore, Scope,
+    TableMode,
 };
 use std::process::ExitCode;
 

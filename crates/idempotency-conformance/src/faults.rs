@@ -11,9 +11,9 @@
 //! ```
 
 use async_trait::async_trait;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, TransactionalStore};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse, TransactionalStore,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,7 +121,9 @@ impl<S> FaultyStore<S> {
                 let _ = call.await;
                 Err(StoreError::Corrupt {
                     backend: "faulty",
-                    source: idempotency_core::CorruptRecord::Field("injected fault: corrupt"),
+                    source: idempotency_core::store::CorruptRecord::Field(
+                        "injected fault: corrupt",
+                    ),
                 })
             }
         }

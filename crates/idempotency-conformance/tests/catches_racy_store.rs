@@ -3,9 +3,9 @@
 
 use async_trait::async_trait;
 use idempotency_conformance::cases;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use idempotency_memory::MemoryStore;
 use std::sync::Arc;

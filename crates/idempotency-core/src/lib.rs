@@ -61,8 +61,6 @@ pub use engine::{
     Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy,
     RollbackCause, ScopeLimit, Superseded,
 };
-#[doc(hidden)]
-pub use error::CorruptRecord;
 pub use error::{BoxError, ErrorChain, StoreError};
 pub use fingerprint::{
     BodyCanonicalization, FINGERPRINT_LEN, Fingerprint, FingerprintAlgorithm, FingerprintError,
@@ -72,16 +70,10 @@ pub use json::{JsonPointer, JsonPointerError};
 pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use once::{OnceContext, OnceError, Outcome};
 pub use record::LeaseToken;
-#[doc(hidden)]
-pub use record::{ClaimOutcome, FenceOutcome, Record, RecordState};
 pub use redact::redact_credentials;
 pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
-#[doc(hidden)]
-pub use state_loss::StateLoss;
 pub use store::{IdempotencyStore, purge_periodically};
-#[doc(hidden)]
-pub use transaction::{CommitOutcome, KeyedBegin, StoreTransaction, TransactionalStore};
 pub use transaction::{Transaction, TransactionError, TransactionSlot};
 
 /// Re-exported so users name the same `http` and `bytes` versions.

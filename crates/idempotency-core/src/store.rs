@@ -2,8 +2,7 @@
 //! implements, the records and outcomes its primitives exchange, loss reporting, and the
 //! transactional side a database store may offer. An application needs none of it but
 //! `IdempotencyStore` (as `Arc<dyn IdempotencyStore>`) and [`purge_periodically`], which the crate
-//! root re-exports; `docs/writing-a-store.md` walks through implementing a store. (The other names
-//! are still at the crate root too, hidden from its documentation, for code written before.)
+//! root re-exports; `docs/writing-a-store.md` walks through implementing a store.
 
 pub use crate::error::CorruptRecord;
 pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};

@@ -11,7 +11,8 @@
 //! The handler never commits: the transaction types give it no way to, and the engine checks
 //! at commit time that the transaction it opened is still the one running.
 
-use crate::{Fingerprint, Record, StoreError, StoredResponse};
+use crate::store::Record;
+use crate::{Fingerprint, StoreError, StoredResponse};
 use std::any::Any;
 use std::fmt;
 use std::future::Future;

@@ -56,9 +56,9 @@ pub use tier::{ReplayTier, ReplayTierBuilder};
 
 use async_trait::async_trait;
 use id::IdBuf;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use records::Records;
 use std::sync::Arc;

@@ -23,9 +23,8 @@ use crate::BACKEND;
 use crate::id::hash_of;
 use crate::shares::Shares;
 use hashbrown::hash_table::Entry as Slot;
-use idempotency_core::{
-    ClaimOutcome, FenceOutcome, LeaseToken, Record, StoreError, StoredResponse,
-};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
+use idempotency_core::{LeaseToken, StoreError, StoredResponse};
 use shard::{Completed, Entry, Shard, record_of, weight};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};

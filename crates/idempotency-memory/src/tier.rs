@@ -4,9 +4,11 @@
 use crate::completed::{Completed, CompletedRecords};
 use crate::id::IdBuf;
 use async_trait::async_trait;
+use idempotency_core::store::{
+    ClaimOutcome, FenceOutcome, Record, RecordState, TransactionalStore,
+};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    RecordState, Scope, StoreError, StoredResponse, TransactionalStore,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -4,9 +4,10 @@
 mod memory {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoreError, StoredResponse,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoreError, StoredResponse,
     };
     use idempotency_memory::MemoryStore;
     use std::time::Duration;
@@ -160,7 +161,7 @@ mod memory {
     /// again once records expire.
     #[tokio::test]
     async fn refusing_new_claims_at_the_bound_keeps_every_completed_record() {
-        use idempotency_core::{Record, RecordState};
+        use idempotency_core::store::{Record, RecordState};
         use idempotency_memory::WhenFull;
         const CAP: u64 = 64 * 1024;
         let store = MemoryStore::builder()

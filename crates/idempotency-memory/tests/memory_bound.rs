@@ -8,9 +8,10 @@ mod support;
 
 mod memory {
     use super::support::{resident, response};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope,
     };
     use idempotency_memory::MemoryStore;
     use std::time::Duration;

@@ -13,9 +13,10 @@ mod calls {
     use bytes::Bytes;
     use idempotency_conformance::faults::{Fault, FaultyStore, StoreOp};
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        Begin, BodyCanonicalization, ClaimOutcome, Engine, EngineConfig, FenceOutcome, Fingerprint,
-        IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        Begin, BodyCanonicalization, Engine, EngineConfig, Fingerprint, IdempotencyKey,
+        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
     };
     use idempotency_memory::{MemoryStore, ReplayTier};
     use std::time::Duration;
@@ -288,7 +289,7 @@ mod calls {
             .await
             .unwrap();
         assert!(
-            matches!(&seen, ClaimOutcome::Existing(r) if matches!(r.state, idempotency_core::RecordState::InFlight { .. })),
+            matches!(&seen, ClaimOutcome::Existing(r) if matches!(r.state, idempotency_core::store::RecordState::InFlight { .. })),
             "the stale worker's response must not be replayed: {seen:?}"
         );
     }

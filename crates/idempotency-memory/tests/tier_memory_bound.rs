@@ -9,9 +9,10 @@ mod support;
 
 mod tier {
     use super::support::{resident, response};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope,
     };
     use idempotency_memory::{MemoryStore, ReplayTier};
     use std::time::Duration;

@@ -11,7 +11,8 @@ use crate::record::{RecordColumns, corrupt_field};
 use crate::schema::Sql;
 use crate::state::StateWatch;
 use async_trait::async_trait;
-use idempotency_core::{Record, StoreError};
+use idempotency_core::StoreError;
+use idempotency_core::store::Record;
 
 /// SQLSTATE of a division by zero: the store's statements divide by zero to abort a
 /// transaction whose completion is refused.

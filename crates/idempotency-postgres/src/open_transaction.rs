@@ -10,9 +10,11 @@ use crate::flavour::DefaultDriver;
 use crate::primitives::StoreCore;
 use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
+use idempotency_core::store::{
+    CommitOutcome, CorruptRecord, KeyedBegin, StoreTransaction, TransactionalStore,
+};
 use idempotency_core::{
-    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, KeyedBegin, LeaseToken, Scope,
-    StoreError, StoreTransaction, StoredResponse, TransactionalStore,
+    Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::any::Any;
 use std::fmt;
@@ -111,7 +113,7 @@ impl<D: Driver> OpenTransaction<D> {
     }
 
     /// Stores `response` in the transaction and commits it (see
-    /// [`StoreTransaction::complete_and_commit`](idempotency_core::StoreTransaction::complete_and_commit)).
+    /// [`StoreTransaction::complete_and_commit`](idempotency_core::store::StoreTransaction::complete_and_commit)).
     pub(crate) async fn complete_and_commit(
         &mut self,
         response: &StoredResponse,
@@ -212,7 +214,7 @@ impl<D: Driver> OpenTransaction<D> {
 
 /// A failure of the pipelined completion and `COMMIT`, as the store error that says whether the
 /// commit may have happened (see
-/// [`StoreTransaction::complete_and_commit`](idempotency_core::StoreTransaction::complete_and_commit)):
+/// [`StoreTransaction::complete_and_commit`](idempotency_core::store::StoreTransaction::complete_and_commit)):
 /// an error the server answered with ends the transaction uncommitted, so it is never reported
 /// as unreachable (a serialization failure, say, which is otherwise retryable). A lost
 /// connection, or the server stopping (SQLSTATE classes 08 and 57, sent as it terminates the

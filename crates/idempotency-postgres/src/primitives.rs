@@ -5,9 +5,9 @@ use crate::driver::{Driver, DriverRow, Param, Undo, record_from_row};
 use crate::error::BACKEND;
 use crate::schema::Sql;
 use crate::table::Table;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, LeaseToken, Record, Scope, StoreError,
-    StoredResponse,
+    Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::time::Duration;
 

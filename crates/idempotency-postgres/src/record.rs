@@ -3,9 +3,8 @@
 
 use crate::error::BACKEND;
 use bytes::Bytes;
-use idempotency_core::{
-    CorruptRecord, Fingerprint, Record, RecordState, StoreError, StoredResponse,
-};
+use idempotency_core::store::{CorruptRecord, Record, RecordState};
+use idempotency_core::{Fingerprint, StoreError, StoredResponse};
 use std::time::Duration;
 
 /// A record's columns, in the order the statements select them (`RECORD_COLUMNS`), as either

@@ -3,7 +3,7 @@
 use crate::error::{BACKEND, PostgresStoreError};
 use crate::schema::{TableName, sentinel_sql};
 use crate::session::SetupSession;
-use idempotency_core::StateLoss;
+use idempotency_core::store::StateLoss;
 
 /// A sentinel row that never expires is re-inserted when missing; each re-insertion is one loss
 /// (crash recovery of an UNLOGGED table, a failover, a `TRUNCATE`).

@@ -7,9 +7,9 @@ use crate::error::BACKEND;
 use crate::flavour::DefaultDriver;
 use crate::primitives::StoreCore;
 use crate::schema::{StatementsSql, TableMode};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, TransactionalStore};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse, TransactionalStore,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::fmt;
 use std::sync::Arc;

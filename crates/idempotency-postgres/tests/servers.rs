@@ -5,9 +5,10 @@
 mod postgres {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome, RecordState};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, RecordState, Scope, StoredResponse,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoredResponse,
     };
     use idempotency_postgres::{PostgresStore, PostgresStoreError, PurgeJob, TableMode};
     use idempotency_testkit::TempPostgres;

@@ -5,9 +5,10 @@
 mod postgres {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoredResponse,
     };
     use idempotency_postgres::sqlx::PgPool;
     use idempotency_postgres::sqlx::postgres::PgPoolOptions;

@@ -2,9 +2,10 @@
 //! certificates made for the test: each `sslmode` connects or is refused as libpq's would.
 
 mod postgres {
+    use idempotency_core::store::ClaimOutcome;
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, Fingerprint, IdempotencyKey, IdempotencyStore,
-        KeyFormat, LeaseToken, Scope,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope,
     };
     use idempotency_postgres::{PostgresStore, PostgresStoreError};
     use idempotency_testkit::{TempPostgres, TestCa};

@@ -7,10 +7,11 @@
 mod postgres {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::StoreTransaction;
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
-        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoreTransaction,
-        StoredResponse, Superseded, TransactionError, TransactionSlot,
+        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoredResponse,
+        Superseded, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
@@ -705,13 +706,13 @@ mod postgres {
     struct OtherStoresTransaction;
 
     #[async_trait::async_trait]
-    impl idempotency_core::StoreTransaction for OtherStoresTransaction {
+    impl idempotency_core::store::StoreTransaction for OtherStoresTransaction {
         async fn complete_and_commit(
             self: Box<Self>,
             _: &StoredResponse,
             _: Duration,
-        ) -> Result<idempotency_core::CommitOutcome, idempotency_core::StoreError> {
-            Ok(idempotency_core::CommitOutcome::Committed)
+        ) -> Result<idempotency_core::store::CommitOutcome, idempotency_core::StoreError> {
+            Ok(idempotency_core::store::CommitOutcome::Committed)
         }
         async fn rollback(self: Box<Self>) -> Result<(), idempotency_core::StoreError> {
             Ok(())

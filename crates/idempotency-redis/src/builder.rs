@@ -5,7 +5,7 @@ use crate::connection::Connection;
 use crate::error::RedisStoreError;
 use crate::store::{Inner, RedisStore, ReplicaWait};
 use crate::{eviction, sentinel};
-use idempotency_core::StateLoss;
+use idempotency_core::store::StateLoss;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::fmt;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Errors of the Redis store's setup, and the mapping of the driver's errors to `StoreError`.
 
-use idempotency_core::{CorruptRecord, StoreError};
+use idempotency_core::StoreError;
+use idempotency_core::store::CorruptRecord;
 use redis::RedisError;
 
 pub(crate) const BACKEND: &str = "redis";

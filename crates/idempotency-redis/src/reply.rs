@@ -3,7 +3,8 @@
 
 use crate::error::{BACKEND, corrupt};
 use bytes::Bytes;
-use idempotency_core::{Fingerprint, Record, RecordState, StoreError, StoredResponse};
+use idempotency_core::store::{Record, RecordState};
+use idempotency_core::{Fingerprint, StoreError, StoredResponse};
 use redis::Value;
 use std::time::Duration;
 

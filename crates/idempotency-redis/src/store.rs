@@ -7,9 +7,9 @@ use crate::reply::{CLAIMED, COMPLETED, IN_FLIGHT, record_from_reply};
 use crate::sentinel;
 use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
 use async_trait::async_trait;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, StateLoss};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StateLoss, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use redis::{RedisError, Value};
 use std::fmt;

@@ -5,9 +5,10 @@
 
 mod redis_store {
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoredResponse,
     };
     use idempotency_redis::RedisStore;
     use idempotency_testkit::{TempRedis, TempRedisCluster};
@@ -246,7 +247,7 @@ mod redis_store {
             Some(record) => assert!(
                 matches!(
                     record.state,
-                    idempotency_core::RecordState::Completed { .. }
+                    idempotency_core::store::RecordState::Completed { .. }
                 ),
                 "{:?}",
                 record.state

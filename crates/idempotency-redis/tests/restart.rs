@@ -4,9 +4,10 @@
 mod redis {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey,
-        IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoredResponse,
     };
     use idempotency_redis::RedisStore;
     use idempotency_testkit::TempRedis;

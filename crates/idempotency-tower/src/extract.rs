@@ -5,14 +5,15 @@ use crate::refusal::{Problem, problem_json, render};
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
-use idempotency_core::{StoreTransaction, Transaction, TransactionError, TransactionSlot};
+use idempotency_core::store::StoreTransaction;
+use idempotency_core::{Transaction, TransactionError, TransactionSlot};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 /// The request's idempotency transaction, as an axum extractor: the handler's writes in it and
 /// the response it returns commit together (see
-/// [`TransactionalStore`](idempotency_core::TransactionalStore)). `T` is the store's transaction
+/// [`TransactionalStore`](idempotency_core::store::TransactionalStore)). `T` is the store's transaction
 /// type, `idempotency_postgres::PgTransaction` for PostgreSQL.
 ///
 /// ```ignore

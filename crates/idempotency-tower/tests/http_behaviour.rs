@@ -9,9 +9,9 @@ use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
 use idempotency_core::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    Scope, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use idempotency_memory::MemoryStore;
 use idempotency_tower::{IdempotencyLayer, Profile};

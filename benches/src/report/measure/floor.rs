@@ -2,7 +2,8 @@
 //! per pool size.
 
 use super::*;
-use idempotency::{FenceOutcome, Fingerprint, IdempotencyStore, LeaseToken, Scope, StoredResponse};
+use idempotency::store::FenceOutcome;
+use idempotency::{Fingerprint, IdempotencyStore, LeaseToken, Scope, StoredResponse};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
     bench_scope, err, fresh_key, median, pg_claim_complete,

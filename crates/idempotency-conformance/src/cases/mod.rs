@@ -19,10 +19,10 @@ pub use replay::*;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, RecordState};
 use idempotency_core::{
-    Begin, BodyCanonicalization, ClaimOutcome, Completion, Engine, EngineConfig, FenceOutcome,
-    Fingerprint, Guard, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, Record,
-    RecordState, ReplayPolicy, Scope, StoredResponse,
+    Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
+    IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, ReplayPolicy, Scope, StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The transactional cases: what every [`TransactionalStore`](idempotency_core::TransactionalStore)
+//! The transactional cases: what every [`TransactionalStore`](idempotency_core::store::TransactionalStore)
 //! must keep when the handler's writes and the stored response share one transaction, in each
 //! [`ClaimMode`] the store supports.
 //!

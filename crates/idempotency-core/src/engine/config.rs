@@ -43,12 +43,6 @@ impl ReplayPolicy {
     pub fn stores(&self, status: StatusCode) -> bool {
         (self.0)(status)
     }
-
-    /// The former name of [`ReplayPolicy::stores`].
-    #[deprecated(since = "0.1.0", note = "renamed to `stores`")]
-    pub fn replays(&self, status: StatusCode) -> bool {
-        self.stores(status)
-    }
 }
 
 impl Default for ReplayPolicy {
@@ -78,8 +72,8 @@ pub enum ClaimMode {
     Lease,
     /// The key's whole life in the handler's one database transaction, for handlers whose side
     /// effects are **all** writes in that transaction (a
-    /// [`TransactionalStore`](crate::TransactionalStore) that
-    /// [supports it](crate::TransactionalStore::supports_one_transaction), PostgreSQL). The
+    /// [`TransactionalStore`](crate::store::TransactionalStore) that
+    /// [supports it](crate::store::TransactionalStore::supports_one_transaction), PostgreSQL). The
     /// transaction begins with the key's lookup (and a lock that keeps a duplicate from running
     /// while it is open), the handler writes in it, and the completed record is inserted right
     /// before `COMMIT`: the round trips of the bare handler's `BEGIN; ...; COMMIT`, no claim

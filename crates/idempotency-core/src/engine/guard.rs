@@ -8,11 +8,9 @@ use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::{retry_until, spawn_release};
 use crate::store::StoreOp;
+use crate::store::{FenceOutcome, StoreTransaction};
 use crate::transaction::{Taken, TransactionSlot};
-use crate::{
-    ErrorChain, FenceOutcome, Fingerprint, IdempotencyStore, ReplayPolicy, StoreTransaction,
-    StoredResponse,
-};
+use crate::{ErrorChain, Fingerprint, IdempotencyStore, ReplayPolicy, StoredResponse};
 use http::StatusCode;
 use std::fmt;
 use std::sync::Arc;
@@ -152,12 +150,6 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// can skip buffering a body that will not be kept).
     pub fn stores(&self, status: StatusCode) -> bool {
         self.shared.config.replay_policy.stores(status)
-    }
-
-    /// The former name of [`Guard::stores`].
-    #[deprecated(since = "0.1.0", note = "renamed to `stores`")]
-    pub fn will_store(&self, status: StatusCode) -> bool {
-        self.stores(status)
     }
 
     /// Stores the handler's response and commits the request's transaction with it when the

@@ -28,7 +28,8 @@
 use super::Shared;
 use super::lease::Lease;
 use super::timer::sleep_until;
-use crate::{ErrorChain, FenceOutcome, IdempotencyStore};
+use crate::store::FenceOutcome;
+use crate::{ErrorChain, IdempotencyStore};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;

@@ -29,9 +29,9 @@ pub use lease::LeaseRejection;
 pub use limit::ScopeLimit;
 
 use crate::store::StoreOp;
+use crate::store::{ClaimOutcome, FenceOutcome, Record, RecordState};
 use crate::{
-    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
-    RecordState, Scope, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use pending::PendingClaim;
 use std::fmt;

@@ -3,10 +3,9 @@
 
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, ClaimMode, Guard, Lease};
+use crate::store::KeyedBegin;
 use crate::store::StoreOp;
-use crate::{
-    Fingerprint, IdempotencyKey, IdempotencyStore, KeyedBegin, LeaseToken, Scope, StoreError,
-};
+use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

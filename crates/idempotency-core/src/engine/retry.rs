@@ -3,7 +3,8 @@
 
 use super::Shared;
 use super::lease::Lease;
-use crate::{ErrorChain, FenceOutcome, IdempotencyStore, StoreError};
+use crate::store::FenceOutcome;
+use crate::{ErrorChain, IdempotencyStore, StoreError};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

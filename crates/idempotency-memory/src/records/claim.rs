@@ -3,7 +3,8 @@
 use super::shard::{Claim, Entry, Shard, record_of, weight};
 use super::{Attempt, Records, shard_index};
 use crate::id::hash_of;
-use idempotency_core::{ClaimOutcome, Fingerprint, LeaseToken, StoreError};
+use idempotency_core::store::ClaimOutcome;
+use idempotency_core::{Fingerprint, LeaseToken, StoreError};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

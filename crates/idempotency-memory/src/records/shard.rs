@@ -8,7 +8,8 @@ use crate::id::RecordId;
 use crate::shares::Shares;
 use bytes::Bytes;
 use hashbrown::HashTable;
-use idempotency_core::{Fingerprint, LeaseToken, Record, RecordState, StoreError, StoredResponse};
+use idempotency_core::store::{Record, RecordState};
+use idempotency_core::{Fingerprint, LeaseToken, StoreError, StoredResponse};
 use std::collections::VecDeque;
 use std::time::Instant;
 

@@ -9,9 +9,9 @@ use crate::driver::{
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
+use idempotency_core::store::{CommitOutcome, CorruptRecord, KeyedBegin, Record};
 use idempotency_core::{
-    CommitOutcome, CorruptRecord, Fingerprint, IdempotencyKey, KeyedBegin, LeaseToken, Record,
-    Scope, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +48,7 @@ impl<D: Driver> Begun<D> {
 
 impl<D: Driver> OpenTransaction<D> {
     /// Speculative mode: waits for the key's lookup (see
-    /// [`StoreTransaction::settle`](idempotency_core::StoreTransaction::settle)). A lookup
+    /// [`StoreTransaction::settle`](idempotency_core::store::StoreTransaction::settle)). A lookup
     /// that found the key taken aborted the transaction: it is rolled back, and the key's
     /// record read on another connection (none live: a duplicate's transaction is open).
     pub(crate) async fn settle(&mut self) -> Result<Settled, StoreError> {
@@ -158,7 +158,7 @@ fn idle_limit_ms(hold: Duration) -> i64 {
 
 impl<D: Driver> StoreCore<D> {
     /// One-transaction mode (see
-    /// [`TransactionalStore::begin_keyed`](idempotency_core::TransactionalStore::begin_keyed)).
+    /// [`TransactionalStore::begin_keyed`](idempotency_core::store::TransactionalStore::begin_keyed)).
     /// A transaction that is not handed out ends when it is dropped: the answer to a duplicate
     /// does not wait for its `ROLLBACK`.
     pub(crate) async fn begin_keyed(
@@ -205,7 +205,7 @@ impl<D: Driver> StoreCore<D> {
     }
 
     /// Speculative one-transaction mode (see
-    /// [`TransactionalStore::begin_keyed_speculative`](idempotency_core::TransactionalStore::begin_keyed_speculative)):
+    /// [`TransactionalStore::begin_keyed_speculative`](idempotency_core::store::TransactionalStore::begin_keyed_speculative)):
     /// `BEGIN` and the aborting lookup are queued, and the transaction handed out at once. On
     /// a driver that cannot queue them, [`StoreCore::begin_keyed`].
     pub(crate) async fn begin_keyed_speculative(

@@ -6,11 +6,9 @@ use super::{Completion, Guard, Hold, RollbackCause, Superseded};
 use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
 use crate::engine::retry::spawn_release;
 use crate::engine::{Judged, judge};
+use crate::store::{ClaimOutcome, CommitOutcome, FenceOutcome, Record, StoreTransaction};
 use crate::store::{Settled, StoreOp};
-use crate::{
-    ClaimOutcome, CommitOutcome, ErrorChain, FenceOutcome, IdempotencyStore, Record,
-    StoreTransaction, StoredResponse,
-};
+use crate::{ErrorChain, IdempotencyStore, StoredResponse};
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
