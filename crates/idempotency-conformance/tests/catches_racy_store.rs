@@ -3,9 +3,10 @@
 
 use async_trait::async_trait;
 use idempotency_conformance::cases;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
-use idempotency_core::{
-    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
+// The one path a store author needs (docs/writing-a-store.md).
+use idempotency_core::store::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    Scope, StoreError, StoredResponse,
 };
 use idempotency_memory::MemoryStore;
 use std::sync::Arc;

@@ -1,8 +1,15 @@
 //! What a store author needs, in one place: the [`IdempotencyStore`] trait every backend
-//! implements, the records and outcomes its primitives exchange, loss reporting, and the
-//! transactional side a database store may offer. An application needs none of it but
+//! implements, the values its methods take (scope, key, fingerprint, token, response, error),
+//! the records and outcomes its primitives exchange, loss reporting, and the transactional side
+//! a database store may offer. `use idempotency_core::store::*;` is the one import a store needs. An application needs none of it but
 //! `IdempotencyStore` (as `Arc<dyn IdempotencyStore>`) and [`purge_periodically`], which the crate
 //! root re-exports; `docs/writing-a-store.md` walks through implementing a store.
+
+/// The values the trait's methods take and return, also at the crate root: a store needs no
+/// other path than this module.
+pub use crate::{
+    DecodeError, Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
+};
 
 pub use crate::error::CorruptRecord;
 pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};
@@ -11,7 +18,6 @@ pub use crate::transaction::{
     CommitOutcome, KeyedBegin, Settled, StoreTransaction, TransactionalStore,
 };
 
-use crate::{Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
