@@ -1,24 +1,4 @@
-//! The conformance suite every [`IdempotencyStore`](idempotency_core::IdempotencyStore) must pass, run against the real server.
-//!
-//! Each case is a public async function in [`cases`] that takes the store under test and panics
-//! on a violation. Every case addresses its records under a fresh random scope, so cases run in
-//! parallel against one shared server and never touch data they did not create.
-//!
-//! A store crate runs the whole suite with one macro call in a test file, which expands into one
-//! named `#[tokio::test]` per case (the test crate needs `tokio` with the `macros` and
-//! `rt-multi-thread` features):
-//!
-//! ```
-//! mod memory {
-//!     idempotency_conformance::conformance_suite!(async {
-//!         idempotency_memory::MemoryStore::default()
-//!     });
-//! }
-//! ```
-//!
-//! A store that needs teardown (a schema to drop) passes a second expression, an async closure
-//! that receives the `Arc` of the store after the case, whether the case passed or panicked:
-//! `conformance_suite!(make_store(), |store| async move { store.drop_schema().await });`
+#![doc = include_str!("../README.md")]
 //!
 //! The suite is part of the test tooling, not of the stable API: cases may be added in any
 //! release.

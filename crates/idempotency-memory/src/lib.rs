@@ -1,20 +1,4 @@
-//! An in-process [`IdempotencyStore`]: no setup, the embedded default, and the ADR's rejected
-//! "application memory" option kept for comparison. Also the [`ReplayTier`], a
-//! [moka](https://docs.rs/moka) cache of completed records in front of a remote store.
-//!
-//! **Per process only.** Two instances of a service each have their own store, so the same key
-//! sent to both runs the handler twice: the reason ADR 009 rejected application memory for a
-//! service that runs on several tasks. Use it for one-instance services, tests and demos.
-//!
-//! ```
-//! use idempotency_memory::MemoryStore;
-//!
-//! let store = MemoryStore::builder()
-//!     .max_stored_bytes(64 * 1024 * 1024)
-//!     .max_in_flight(10_000)
-//!     .build();
-//! # let _ = store;
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! # Guarantees and limits
 //! - Claims are atomic: the state of one `(scope, key)` changes only under that key's shard lock,

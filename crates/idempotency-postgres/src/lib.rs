@@ -1,19 +1,4 @@
-//! The PostgreSQL [`IdempotencyStore`](idempotency_core::IdempotencyStore): ADR 009's table, amended (LOGGED by default), on
-//! tokio-postgres and deadpool-postgres. Every store step is one round trip; every time is the
-//! database's `now()`.
-//!
-//! ```no_run
-//! use idempotency_postgres::{PostgresStore, TableMode};
-//!
-//! # async fn run() -> Result<(), idempotency_postgres::PostgresStoreError> {
-//! let store = PostgresStore::builder("postgres://app@db.internal/app")
-//!     .table_mode(TableMode::Logged)   // the default (the ADR chose Unlogged)
-//!     .build()
-//!     .await?;                          // refuses a standby / reader endpoint; no DDL
-//! let report = store.migrate().await?;  // idempotent, under an advisory lock
-//! println!("{report}");                 // says whether the pg_cron purge job is scheduled
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! # Guarantees
 //! - Atomic claims: one `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE expired` takes a free key

@@ -1,18 +1,4 @@
-//! The Redis [`IdempotencyStore`](idempotency_core::IdempotencyStore): the ADR's rejected alternative (ElastiCache), kept so the
-//! ADR can be re-evaluated at scale. Single node through a [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects by
-//! itself) or Redis Cluster, chosen by configuration.
-//!
-//! ```no_run
-//! use idempotency_redis::RedisStore;
-//!
-//! # async fn run() -> Result<(), idempotency_redis::RedisStoreError> {
-//! let single = RedisStore::connect("redis://127.0.0.1:6379").await?;
-//! let cluster = RedisStore::cluster_builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
-//!     .key_prefix("myapp:idem:")
-//!     .build()
-//!     .await?;
-//! # let _ = (single, cluster); Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! # Layout and guarantees
 //! - One hash per `(scope, key)`, named `<prefix>{<scope>:<key>}` with `{`, `}`, `:` and `%`

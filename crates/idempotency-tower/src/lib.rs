@@ -1,25 +1,4 @@
-//! Tower middleware (axum first) that makes a retried `POST`, `PATCH` or `DELETE` run its side
-//! effect once: the first request with an `Idempotency-Key` claims it, runs, and its response
-//! is stored; a retry gets that response back byte for byte with `Idempotent-Replayed: true`.
-//!
-//! ```
-//! use axum::{Router, routing::post};
-//! use idempotency_core::Scope;
-//! use idempotency_memory::MemoryStore;
-//! use idempotency_tower::IdempotencyLayer;
-//!
-//! #[derive(Clone)]
-//! struct UserId(String); // put in the request extensions by your authentication layer
-//!
-//! let idempotency = IdempotencyLayer::builder(MemoryStore::default())
-//!     .scope_with(|req| req.extensions.get::<UserId>().and_then(|u| Scope::new(u.0.clone()).ok()))
-//!     .build();
-//! let app: Router = Router::new()
-//!     .route("/tasks", post(|| async { "created" }))
-//!     // The matched routes only (an unknown path stays 404); add the authentication layer
-//!     // after this one, so it runs first.
-//!     .route_layer(idempotency);
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! # What it answers
 //! | situation | response |

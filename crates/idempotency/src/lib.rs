@@ -1,37 +1,7 @@
-//! Idempotency-Key handling for Rust web services: a retried `POST`, `PATCH` or `DELETE` runs
-//! its side effect once, and the retry gets the first response back, byte for byte.
+#![doc = include_str!("../README.md")]
 //!
-//! Add this crate, pick a store with a feature, and wrap your router's routes in the layer:
-//!
-//! | feature | what it adds |
-//! | --- | --- |
-//! | `memory` (default) | the in-process store, and the local replay tier |
-//! | `postgres` | the PostgreSQL store on tokio-postgres and deadpool-postgres |
-//! | `sqlx` | the PostgreSQL store on your `sqlx::PgPool` (without tokio-postgres and deadpool) |
-//! | `postgres-tls` | TLS for PostgreSQL (rustls; `sslmode` in the URL) |
-//! | `redis` | the Redis store (single node and Cluster) |
-//! | `redis-tls` | TLS for Redis (rustls; `rediss://`) |
-//! | `axum` | the `Tx` extractor: a handler's writes in the request's idempotency transaction |
-//! | `full` | all of the above |
-//!
-//! ```
-//! use axum::{Router, routing::post};
-//! use idempotency::{IdempotencyLayer, MemoryStore};
-//!
-//! let app: Router = Router::new()
-//!     .route("/tasks", post(|| async { "created" }))
-//!     .route_layer( // the matched routes only: an unknown path stays 404
-//!         IdempotencyLayer::builder(MemoryStore::default())
-//!             .scope_from_extension::<uuid::Uuid>() // the user id your auth layer inserted
-//!             .build(),
-//!     );
-//! ```
-//!
-//! For several instances of a service, use a shared store: `PostgresStore` (the ADR's choice;
-//! `SqlxPostgresStore` with the `sqlx` feature, on your app's `sqlx::PgPool`) or `RedisStore`. [`connect`] picks one from a URL at run time.
-//!
-//! Crates behind this one: [`idempotency_core`] (types, the store trait, the protocol engine),
-//! [`idempotency_tower`] (the layer), and one crate per store.
+//! [`connect`] picks a store from a URL; [`idempotency_core`] and [`idempotency_tower`] are the
+//! crates behind this one.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
