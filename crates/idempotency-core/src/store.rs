@@ -15,7 +15,7 @@ pub use crate::error::CorruptRecord;
 pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};
 pub use crate::state_loss::StateLoss;
 pub use crate::transaction::{
-    CommitOutcome, KeyedBegin, Settled, StoreTransaction, TransactionalStore,
+    CommitOutcome, OneTransactionBegin, Settled, StoreTransaction, TransactionalStore,
 };
 
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub enum StoreOp {
     /// [`IdempotencyStore::purge_expired`]
     Purge,
     /// Opening a request's transaction: [`TransactionalStore::begin_transaction`] (lease mode)
-    /// or [`TransactionalStore::begin_keyed`] (one-transaction mode).
+    /// or [`TransactionalStore::begin_one_transaction`] (one-transaction mode).
     BeginTransaction,
     /// [`StoreTransaction::settle`]: waiting for the key's lookup of a speculative transaction
     /// (its [`BeginTransaction`](StoreOp::BeginTransaction) only queued it).

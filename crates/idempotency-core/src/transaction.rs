@@ -40,7 +40,7 @@ pub trait TransactionalStore: Send + Sync {
         token: LeaseToken,
     ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError>;
 
-    /// Whether the store implements [`TransactionalStore::begin_keyed`], the
+    /// Whether the store implements [`TransactionalStore::begin_one_transaction`], the
     /// one-transaction mode ([`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction)).
     /// `false` by default.
     fn supports_one_transaction(&self) -> bool {
@@ -57,50 +57,52 @@ pub trait TransactionalStore: Send + Sync {
     /// statement, for at most `hold` (the engine passes its lease) before the database ends
     /// the session and rolls it back. Nothing it wrote then commits, and the key is free.
     ///
-    /// - a live record: [`KeyedBegin::Existing`], the transaction ended;
-    /// - no live record and the lock taken: [`KeyedBegin::Absent`], the transaction open and
+    /// - a live record: [`OneTransactionBegin::Existing`], the transaction ended;
+    /// - no live record and the lock taken: [`OneTransactionBegin::Absent`], the transaction open and
     ///   holding the lock until it ends; its
     ///   [`complete_and_commit`](StoreTransaction::complete_and_commit) inserts the completed
     ///   record (with `fingerprint`) right before `COMMIT`;
-    /// - no live record and the lock held by another transaction: [`KeyedBegin::Busy`], the
+    /// - no live record and the lock held by another transaction: [`OneTransactionBegin::Busy`], the
     ///   transaction ended.
     ///
     /// The store's unique index on `(scope, key)`, not the lock, is what keeps one record per
     /// key: the lock only keeps duplicates from running while the first is open. The default
     /// answers an error: the store has no such mode.
-    async fn begin_keyed(
+    async fn begin_one_transaction(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
         hold: Duration,
-    ) -> Result<KeyedBegin, StoreError> {
+    ) -> Result<OneTransactionBegin, StoreError> {
         let _ = (scope, key, fingerprint, token, hold);
         Err(StoreError::Backend {
             backend: "transactional",
-            source: "this store has no one-transaction mode (TransactionalStore::begin_keyed)"
-                .into(),
+            source:
+                "this store has no one-transaction mode (TransactionalStore::begin_one_transaction)"
+                    .into(),
         })
     }
 
     /// The speculative one-transaction mode
     /// ([`ClaimMode::OneTransactionSpeculative`](crate::ClaimMode::OneTransactionSpeculative)):
-    /// as [`TransactionalStore::begin_keyed`], but without waiting for the lookup: the store
-    /// queues `BEGIN` and the lookup on a connection and answers [`KeyedBegin::Absent`] at once,
+    /// as [`TransactionalStore::begin_one_transaction`], but without waiting for the lookup: the store
+    /// queues `BEGIN` and the lookup on a connection and answers [`OneTransactionBegin::Absent`] at once,
     /// so that the handler's first statement follows them in the same round trip. The lookup
     /// must abort the transaction when it finds the key taken, before any statement queued
     /// after it runs; [`StoreTransaction::settle`] then says what it found. The default is
-    /// [`TransactionalStore::begin_keyed`] (a store that cannot queue the lookup).
-    async fn begin_keyed_speculative(
+    /// [`TransactionalStore::begin_one_transaction`] (a store that cannot queue the lookup).
+    async fn begin_one_transaction_speculative(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
         hold: Duration,
-    ) -> Result<KeyedBegin, StoreError> {
-        self.begin_keyed(scope, key, fingerprint, token, hold).await
+    ) -> Result<OneTransactionBegin, StoreError> {
+        self.begin_one_transaction(scope, key, fingerprint, token, hold)
+            .await
     }
 }
 
@@ -119,9 +121,9 @@ pub enum Settled {
     Busy,
 }
 
-/// What [`TransactionalStore::begin_keyed`] found.
+/// What [`TransactionalStore::begin_one_transaction`] found.
 #[non_exhaustive]
-pub enum KeyedBegin {
+pub enum OneTransactionBegin {
     /// The key has no live record and this transaction holds its lock: run the request in it.
     Absent(Box<dyn StoreTransaction>),
     /// The key has a live record (completed, or claimed by a request in the lease mode).
@@ -130,12 +132,14 @@ pub enum KeyedBegin {
     Busy,
 }
 
-impl fmt::Debug for KeyedBegin {
+impl fmt::Debug for OneTransactionBegin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyedBegin::Absent(_) => f.write_str("Absent(..)"),
-            KeyedBegin::Existing(record) => f.debug_tuple("Existing").field(record).finish(),
-            KeyedBegin::Busy => f.write_str("Busy"),
+            OneTransactionBegin::Absent(_) => f.write_str("Absent(..)"),
+            OneTransactionBegin::Existing(record) => {
+                f.debug_tuple("Existing").field(record).finish()
+            }
+            OneTransactionBegin::Busy => f.write_str("Busy"),
         }
     }
 }
@@ -200,7 +204,7 @@ pub trait StoreTransaction: Send + Sync + 'static {
     /// Rolls the transaction back: none of its writes exist afterwards.
     async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
 
-    /// For a transaction of [`TransactionalStore::begin_keyed_speculative`]: waits for the
+    /// For a transaction of [`TransactionalStore::begin_one_transaction_speculative`]: waits for the
     /// key's lookup and says what it found; on anything but [`Settled::Proceed`] the
     /// transaction is rolled back. The engine calls it before it completes or releases such a
     /// transaction. The default (a transaction whose lookup was answered before it was handed

@@ -9,7 +9,7 @@
 
 use crate::record::{RecordColumns, corrupt_field};
 use crate::schema::Sql;
-use crate::state::StateWatch;
+use crate::sentinel::Sentinel;
 use async_trait::async_trait;
 use idempotency_core::StoreError;
 use idempotency_core::store::Record;
@@ -295,5 +295,5 @@ pub trait DriverOps: Send + Sync + 'static {
 
     /// Checks the table's state sentinel on a pooled connection (see
     /// `PostgresStore::check_state`).
-    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError>;
+    async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError>;
 }

@@ -27,7 +27,7 @@
 //! # Files, top-down
 //! - the store: `store.rs` (`PostgresStore<D>` and the store trait), `builder.rs` (the settings
 //!   both drivers share), `open_transaction.rs` (the handler's `PgTransaction<D>`: its writes
-//!   and its response in one transaction, every claim mode; `open_transaction/keyed.rs`: the
+//!   and its response in one transaction, every claim mode; `open_transaction/one_transaction.rs`: the
 //!   one-transaction modes), `tokio_store.rs` and `sqlx_store.rs` (what one driver alone
 //!   offers: builders, its pool, the transaction's connection);
 //! - written once over a driver: `primitives.rs` (the six store steps), `migrate.rs`,
@@ -35,7 +35,7 @@
 //! - the drivers: `driver.rs` (the interface), `tokio_driver/` (pool, statements, pipelining,
 //!   TLS), `sqlx_driver/`;
 //! - beneath them all: `schema.rs` (the SQL text of every statement; `schema/names.rs`: names
-//!   and table modes), `record.rs` (a record from its columns), `state.rs` (the sentinel that
+//!   and table modes), `record.rs` (a record from its columns), `sentinel.rs` (the sentinel that
 //!   notices a table emptied by a crash), `session.rs` (setup statements), `error.rs`,
 //!   `sqlstate.rs`.
 
@@ -58,13 +58,13 @@ mod open_transaction;
 mod primitives;
 mod record;
 mod schema;
+mod sentinel;
 mod session;
 mod sqlstate;
 #[cfg(feature = "sqlx")]
 mod sqlx_driver;
 #[cfg(feature = "sqlx")]
 mod sqlx_store;
-mod state;
 mod status;
 #[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
 mod store;

@@ -1,6 +1,6 @@
 //! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
 //! check of the claim) or in the one-transaction modes (the key's lookup and lock:
-//! `open_transaction/keyed.rs`), and committing it with the stored response; the handler's
+//! `open_transaction/one_transaction.rs`), and committing it with the stored response; the handler's
 //! [`PgTransaction<D>`](PgTransaction), and the store's `TransactionalStore`. Each driver's
 //! `Deref` to its connection is in `tokio_store.rs` / `sqlx_store.rs`.
 
@@ -11,7 +11,7 @@ use crate::primitives::StoreCore;
 use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, KeyedBegin, StoreTransaction, TransactionalStore,
+    CommitOutcome, CorruptRecord, OneTransactionBegin, StoreTransaction, TransactionalStore,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
@@ -21,9 +21,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod keyed;
+mod one_transaction;
 
-use keyed::{Begun, Keyed};
+use one_transaction::{AtCommit, Begun};
 
 /// A transaction the store opened for one request.
 pub(crate) struct OpenTransaction<D: Driver> {
@@ -38,15 +38,15 @@ pub(crate) struct OpenTransaction<D: Driver> {
     xid: i64,
     /// In the one-transaction mode, what the completion inserts; `None` in the lease mode,
     /// where the claim's record is completed.
-    keyed: Option<Keyed>,
+    at_commit: Option<AtCommit>,
     /// In the speculative mode, the key's lookup until it is settled (its answer sets `xid`
-    /// and `keyed`).
+    /// and `at_commit`).
     lookup: Option<PendingRows<D::Row>>,
 }
 
 impl<D: Driver> OpenTransaction<D> {
     /// A transaction open on `tx` for `(scope, key)` and `token`, in the lease mode until
-    /// `keyed` is set.
+    /// `at_commit` is set.
     fn new(
         core: &Arc<StoreCore<D>>,
         tx: D::Tx,
@@ -62,7 +62,7 @@ impl<D: Driver> OpenTransaction<D> {
             key: key.clone(),
             token,
             xid,
-            keyed: None,
+            at_commit: None,
             lookup: None,
         }
     }
@@ -126,8 +126,8 @@ impl<D: Driver> OpenTransaction<D> {
             // Busy: rolled back, none of the writes stand.
             _ => return Ok(CommitOutcome::LeaseLost),
         }
-        match self.keyed {
-            Some(keyed) => self.insert_and_commit(keyed, response, retention).await,
+        match self.at_commit {
+            Some(at_commit) => self.insert_and_commit(at_commit, response, retention).await,
             None => self.update_and_commit(response, retention).await,
         }
     }
@@ -344,31 +344,31 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
         self.inner.transactions
     }
 
-    async fn begin_keyed(
+    async fn begin_one_transaction(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
         hold: Duration,
-    ) -> Result<KeyedBegin, StoreError> {
+    ) -> Result<OneTransactionBegin, StoreError> {
         self.inner
-            .begin_keyed(scope, key, fingerprint, token, hold)
+            .begin_one_transaction(scope, key, fingerprint, token, hold)
             .await
-            .map(Begun::into_keyed_begin)
+            .map(Begun::into_one_transaction_begin)
     }
 
-    async fn begin_keyed_speculative(
+    async fn begin_one_transaction_speculative(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         token: LeaseToken,
         hold: Duration,
-    ) -> Result<KeyedBegin, StoreError> {
+    ) -> Result<OneTransactionBegin, StoreError> {
         self.inner
-            .begin_keyed_speculative(scope, key, fingerprint, token, hold)
+            .begin_one_transaction_speculative(scope, key, fingerprint, token, hold)
             .await
-            .map(Begun::into_keyed_begin)
+            .map(Begun::into_one_transaction_begin)
     }
 }

@@ -72,14 +72,14 @@ pub(crate) struct Statements {
     pub(crate) tx_status: Sql,
     /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
     /// without waiting, marks the transaction, reads the live record.
-    pub(crate) keyed_begin: Sql,
-    pub(crate) keyed_lookup: Sql,
+    pub(crate) one_transaction_begin: Sql,
+    pub(crate) speculative_lookup: Sql,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
     /// a unique violation (another request's record) or a missing mark aborts the transaction.
-    pub(crate) keyed_insert: Sql,
+    pub(crate) one_transaction_insert: Sql,
     /// One-transaction mode, when the lookup saw an expired record of the key: the same, taking
     /// that record over.
-    pub(crate) keyed_takeover: Sql,
+    pub(crate) one_transaction_takeover: Sql,
 }
 
 const KEY: &[ParamType] = &[ParamType::Text, ParamType::Text];
@@ -318,7 +318,7 @@ impl Statements {
             // row, to be taken over at commit), the transaction's id when the request proceeds
             // (assigned now rather than at its first write; asked later whether it committed,
             // if the handler ends the transaction itself), the record's columns.
-            keyed_begin: Sql::new(
+            one_transaction_begin: Sql::new(
                 format!(
                     "SELECT l.locked, l.began, r.expires_at > now(), \
                        CASE WHEN l.locked AND (r.expires_at > now()) IS NOT TRUE THEN {XID} END, \
@@ -330,12 +330,12 @@ impl Statements {
                 KEY_HOLD,
             ),
             // The speculative mode's lookup, queued right behind `BEGIN` with the handler's
-            // statements behind it: the same lock and reads as `keyed_begin`, but when the key
+            // statements behind it: the same lock and reads as `one_transaction_begin`, but when the key
             // is taken (a live row, or the lock held by a duplicate) the division by zero
             // aborts the transaction before anything queued after it runs. Otherwise one row:
             // the transaction's start, whether an expired row is to be taken over, the
             // transaction's id.
-            keyed_lookup: Sql::new(
+            speculative_lookup: Sql::new(
                 format!(
                     "SELECT l.began, r.expires_at IS NOT NULL, {XID}{synchronous} \
                      FROM (SELECT {lock}, \
@@ -352,7 +352,7 @@ impl Statements {
             // request makes the unique index refuse the row. Either error aborts the
             // transaction, so the `COMMIT` behind it rolls back the handler's writes. A
             // duplicate's uncommitted row makes it wait for that transaction, then decide.
-            keyed_insert: Sql::new(
+            one_transaction_insert: Sql::new(
                 format!(
                     "INSERT INTO {t} (user_id, key, request_hash, status_code, response, \
                        created_at, expires_at) \
@@ -365,7 +365,7 @@ impl Statements {
             ),
             // The same when the lookup saw an expired row of the key: takes it over (only
             // while it is still expired), or fails the same ways.
-            keyed_takeover: Sql::new(
+            one_transaction_takeover: Sql::new(
                 format!(
                     "WITH done AS ( \
                        INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \

@@ -3,7 +3,7 @@
 
 use crate::error::PostgresStoreError;
 use crate::schema::{Statements, TableMode, TableName};
-use crate::state::StateWatch;
+use crate::sentinel::Sentinel;
 use std::sync::Arc;
 
 /// The default table name (the ADR's).
@@ -40,7 +40,7 @@ impl TableSettings {
         let name = TableName::new(&self.schema, &self.table)?;
         validate_schedule(&self.purge_schedule)?;
         Ok(Table {
-            watch: Arc::new(StateWatch::new(&name)),
+            watch: Arc::new(Sentinel::new(&name)),
             statements: Statements::new(&name, self.mode),
             name,
             mode: self.mode,
@@ -80,5 +80,5 @@ pub(crate) struct Table {
     /// The SQL text of every step, which both drivers send as it is.
     pub(crate) statements: Statements,
     pub(crate) purge_schedule: String,
-    pub(crate) watch: Arc<StateWatch>,
+    pub(crate) watch: Arc<Sentinel>,
 }

@@ -3,7 +3,7 @@
 
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, ClaimMode, Guard, Lease};
-use crate::store::KeyedBegin;
+use crate::store::OneTransactionBegin;
 use crate::store::StoreOp;
 use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use std::sync::Arc;
@@ -59,17 +59,23 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 .call(StoreOp::BeginTransaction, async {
                     if speculative {
                         store
-                            .begin_keyed_speculative(&scope, &key, &fingerprint, token, hold)
+                            .begin_one_transaction_speculative(
+                                &scope,
+                                &key,
+                                &fingerprint,
+                                token,
+                                hold,
+                            )
                             .await
                     } else {
                         store
-                            .begin_keyed(&scope, &key, &fingerprint, token, hold)
+                            .begin_one_transaction(&scope, &key, &fingerprint, token, hold)
                             .await
                     }
                 })
                 .await;
             let running = match begun {
-                Ok(KeyedBegin::Absent(tx)) => {
+                Ok(OneTransactionBegin::Absent(tx)) => {
                     let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
                     let guard = Guard::in_transaction(
                         Arc::clone(shared),
@@ -80,12 +86,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     );
                     return self.admitted(guard).await;
                 }
-                Ok(KeyedBegin::Existing(record)) => match judge(record, &fingerprint) {
+                Ok(OneTransactionBegin::Existing(record)) => match judge(record, &fingerprint) {
                     Judged::Mismatch => return Ok(Begin::Mismatch),
                     Judged::Replay(response) => return Ok(Begin::Replay(response)),
                     Judged::Running(lease_remaining) => lease_remaining,
                 },
-                Ok(KeyedBegin::Busy) => TRANSACTION_RETRY_AFTER,
+                Ok(OneTransactionBegin::Busy) => TRANSACTION_RETRY_AFTER,
                 Err(error) => {
                     return match seen_running {
                         // Something already showed that another request holds the key.

@@ -7,7 +7,7 @@ use crate::driver::{
 };
 use crate::error::{BACKEND, setup_error, sqlx_error};
 use crate::schema::Sql;
-use crate::state::StateWatch;
+use crate::sentinel::Sentinel;
 use async_trait::async_trait;
 use idempotency_core::StoreError;
 use sqlx::pool::PoolConnection;
@@ -178,7 +178,7 @@ impl DriverOps for Sqlx {
         tx.rollback().await.map_err(driver_error)
     }
 
-    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError> {
+    async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let mut connection = self.pool.acquire().await.map_err(sqlx_error)?;
         watch
             .check(&mut SqlxSession(&mut connection))

@@ -12,7 +12,7 @@ use crate::driver::{
 };
 use crate::error::{BACKEND, pool_error, query_error, setup_error};
 use crate::schema::Sql;
-use crate::state::StateWatch;
+use crate::sentinel::Sentinel;
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
 use idempotency_core::StoreError;
@@ -198,7 +198,7 @@ impl DriverOps for TokioPostgres {
     type Row = Row;
     type Tx = TokioTx;
 
-    async fn check_state(&self, watch: &StateWatch) -> Result<bool, StoreError> {
+    async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let client = self.client().await.map_err(StoreError::from)?;
         watch
             .check(&mut TokioSession(&**client))

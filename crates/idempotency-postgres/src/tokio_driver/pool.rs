@@ -8,8 +8,8 @@ use super::session::TokioSession;
 use super::tls::{self, Connector};
 use crate::error::PostgresStoreError;
 use crate::schema::TableMode;
+use crate::sentinel::Sentinel;
 use crate::session::check_writer;
-use crate::state::StateWatch;
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicBool;
 pub(crate) async fn connect(
     options: TokioOptions,
     mode: TableMode,
-    watch: &Arc<StateWatch>,
+    watch: &Arc<Sentinel>,
 ) -> Result<TokioPostgres, PostgresStoreError> {
     let mut url_prepared = true;
     let pool = match options.source {

@@ -9,7 +9,7 @@ use crate::driver::{
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
-use idempotency_core::store::{CommitOutcome, CorruptRecord, KeyedBegin, Record};
+use idempotency_core::store::{CommitOutcome, CorruptRecord, OneTransactionBegin, Record};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// What a one-transaction-mode transaction inserts at commit time.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Keyed {
+pub(super) struct AtCommit {
     /// The request's fingerprint.
     pub(super) fingerprint: Fingerprint,
     /// The lookup saw an expired row of the key: the insert takes it over.
@@ -28,7 +28,7 @@ pub(super) struct Keyed {
     pub(super) began: f64,
 }
 
-/// What [`StoreCore::begin_keyed`] found (the driver-generic `KeyedBegin`).
+/// What [`StoreCore::begin_one_transaction`] found (the driver-generic `OneTransactionBegin`).
 pub(crate) enum Begun<D: Driver> {
     Absent(OpenTransaction<D>),
     Existing(Record),
@@ -36,12 +36,12 @@ pub(crate) enum Begun<D: Driver> {
 }
 
 impl<D: Driver> Begun<D> {
-    /// As core's `KeyedBegin`, the transaction handed out as a [`PgTransaction`].
-    pub(crate) fn into_keyed_begin(self) -> KeyedBegin {
+    /// As core's `OneTransactionBegin`, the transaction handed out as a [`PgTransaction`].
+    pub(crate) fn into_one_transaction_begin(self) -> OneTransactionBegin {
         match self {
-            Begun::Absent(tx) => KeyedBegin::Absent(Box::new(PgTransaction(tx))),
-            Begun::Existing(record) => KeyedBegin::Existing(record),
-            Begun::Busy => KeyedBegin::Busy,
+            Begun::Absent(tx) => OneTransactionBegin::Absent(Box::new(PgTransaction(tx))),
+            Begun::Existing(record) => OneTransactionBegin::Existing(record),
+            Begun::Busy => OneTransactionBegin::Busy,
         }
     }
 }
@@ -77,9 +77,9 @@ impl<D: Driver> OpenTransaction<D> {
                 let began = row.float8(0)?;
                 let takeover = row.bool(1)?;
                 self.xid = row.int8(2)?;
-                if let Some(keyed) = &mut self.keyed {
-                    keyed.began = began;
-                    keyed.takeover = takeover;
+                if let Some(at_commit) = &mut self.at_commit {
+                    at_commit.began = began;
+                    at_commit.takeover = takeover;
                 }
                 Ok(Settled::Proceed)
             }
@@ -100,24 +100,24 @@ impl<D: Driver> OpenTransaction<D> {
     /// One-transaction mode: inserts the completed record and commits.
     pub(super) async fn insert_and_commit(
         &mut self,
-        keyed: Keyed,
+        at_commit: AtCommit,
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<CommitOutcome, StoreError> {
         let tx = self.take()?;
         let statements = &self.core.table.statements;
-        let sql = if keyed.takeover {
-            &statements.keyed_takeover
+        let sql = if at_commit.takeover {
+            &statements.one_transaction_takeover
         } else {
-            &statements.keyed_insert
+            &statements.one_transaction_insert
         };
         let encoded = response.encode();
-        let hash = keyed.fingerprint.to_bytes();
+        let hash = at_commit.fingerprint.to_bytes();
         let params = [
             Param::Text(self.scope.as_str()),
             Param::Text(self.key.as_str()),
             Param::Bytes(&hash[..]),
-            Param::Float8(keyed.began),
+            Param::Float8(at_commit.began),
             Param::Int4(i32::from(response.status().as_u16())),
             Param::Bytes(&encoded[..]),
             Param::Float8(retention.as_secs_f64()),
@@ -158,10 +158,10 @@ fn idle_limit_ms(hold: Duration) -> i64 {
 
 impl<D: Driver> StoreCore<D> {
     /// One-transaction mode (see
-    /// [`TransactionalStore::begin_keyed`](idempotency_core::store::TransactionalStore::begin_keyed)).
+    /// [`TransactionalStore::begin_one_transaction`](idempotency_core::store::TransactionalStore::begin_one_transaction)).
     /// A transaction that is not handed out ends when it is dropped: the answer to a duplicate
     /// does not wait for its `ROLLBACK`.
-    pub(crate) async fn begin_keyed(
+    pub(crate) async fn begin_one_transaction(
         self: &Arc<Self>,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -176,7 +176,7 @@ impl<D: Driver> StoreCore<D> {
         ];
         let (tx, rows) = self
             .driver
-            .begin_with(&self.table.statements.keyed_begin, &params)
+            .begin_with(&self.table.statements.one_transaction_begin, &params)
             .await?;
         let Some(row) = rows.first() else {
             return Err(StoreError::corrupt(
@@ -195,7 +195,7 @@ impl<D: Driver> StoreCore<D> {
         }
         let xid = row.int8(3)?;
         Ok(Begun::Absent(OpenTransaction {
-            keyed: Some(Keyed {
+            at_commit: Some(AtCommit {
                 fingerprint: *fingerprint,
                 takeover: live == Some(false),
                 began,
@@ -205,10 +205,10 @@ impl<D: Driver> StoreCore<D> {
     }
 
     /// Speculative one-transaction mode (see
-    /// [`TransactionalStore::begin_keyed_speculative`](idempotency_core::store::TransactionalStore::begin_keyed_speculative)):
+    /// [`TransactionalStore::begin_one_transaction_speculative`](idempotency_core::store::TransactionalStore::begin_one_transaction_speculative)):
     /// `BEGIN` and the aborting lookup are queued, and the transaction handed out at once. On
-    /// a driver that cannot queue them, [`StoreCore::begin_keyed`].
-    pub(crate) async fn begin_keyed_speculative(
+    /// a driver that cannot queue them, [`StoreCore::begin_one_transaction`].
+    pub(crate) async fn begin_one_transaction_speculative(
         self: &Arc<Self>,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -217,7 +217,9 @@ impl<D: Driver> StoreCore<D> {
         hold: Duration,
     ) -> Result<Begun<D>, StoreError> {
         if !self.driver.queues_statements() {
-            return self.begin_keyed(scope, key, fingerprint, token, hold).await;
+            return self
+                .begin_one_transaction(scope, key, fingerprint, token, hold)
+                .await;
         }
         let params = [
             Param::Text(scope.as_str()),
@@ -226,11 +228,11 @@ impl<D: Driver> StoreCore<D> {
         ];
         let (tx, lookup) = self
             .driver
-            .begin_queued(&self.table.statements.keyed_lookup, &params)
+            .begin_queued(&self.table.statements.speculative_lookup, &params)
             .await?;
-        // The transaction id and what `keyed` reads from the lookup are set when it is settled.
+        // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {
-            keyed: Some(Keyed {
+            at_commit: Some(AtCommit {
                 fingerprint: *fingerprint,
                 takeover: false,
                 began: 0.0,

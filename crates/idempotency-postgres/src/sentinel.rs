@@ -8,15 +8,15 @@ use idempotency_core::store::StateLoss;
 /// A sentinel row that never expires is re-inserted when missing; each re-insertion is one loss
 /// (crash recovery of an UNLOGGED table, a failover, a `TRUNCATE`).
 #[derive(Debug)]
-pub struct StateWatch {
+pub struct Sentinel {
     sentinel: String,
     table: String,
     pub(crate) losses: StateLoss,
 }
 
-impl StateWatch {
+impl Sentinel {
     pub(crate) fn new(name: &TableName) -> Self {
-        StateWatch {
+        Sentinel {
             sentinel: sentinel_sql(name),
             table: name.qualified(),
             losses: StateLoss::default(),
