@@ -76,3 +76,21 @@ pub async fn migrated_postgres_store(
     store.migrate().await.unwrap();
     (store, schema)
 }
+
+/// [`migrated_postgres_store`] with a `side_effects (body text)` table in the same schema,
+/// standing in for a handler's business data; its qualified name.
+pub async fn migrated_postgres_store_with_side_effects(
+    schema_prefix: &str,
+) -> (PostgresStore, idempotency_testkit::TestSchema, String) {
+    let (store, schema) = migrated_postgres_store(schema_prefix).await;
+    let table = format!("\"{}\".side_effects", schema.name());
+    store
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(&format!("CREATE TABLE {table} (body text NOT NULL)"))
+        .await
+        .unwrap();
+    (store, schema, table)
+}

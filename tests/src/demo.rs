@@ -74,16 +74,7 @@ impl DemoProcess {
 
     /// SIGTERM, then waits up to `within` for the process to exit on its own; its exit status.
     pub async fn terminate(mut self, within: Duration) -> std::process::ExitStatus {
-        let pid = self
-            .child
-            .id()
-            .expect("the demo is still running")
-            .to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(sent.success(), "kill -TERM {pid} failed");
+        self.signal("TERM");
         tokio::time::timeout(within, self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("the demo did not exit within {within:?} of SIGTERM"))

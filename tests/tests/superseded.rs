@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
 use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
-use idempotency_e2e::{User, migrated_postgres_store, request, send};
+use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -66,16 +66,7 @@ async fn side_effects(store: &PostgresStore, table: &str) -> i64 {
 /// Runs the race with the lease-mode request's `body` (the same as the held request's, or
 /// another); returns what the held one-transaction request's client saw and the side effects.
 async fn race(other_body: &str) -> (StatusCode, bool, String, i64) {
-    let (store, schema) = migrated_postgres_store("idem_superseded").await;
-    let table = format!("\"{}\".side_effects", schema.name());
-    store
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .batch_execute(&format!("CREATE TABLE {table} (body text NOT NULL)"))
-        .await
-        .unwrap();
+    let (store, schema, table) = migrated_postgres_store_with_side_effects("idem_superseded").await;
     let gate = Arc::new(Semaphore::new(0));
     let handler = |name| Handler {
         name,

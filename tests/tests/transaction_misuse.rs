@@ -18,7 +18,7 @@ use axum::routing::post;
 use hyper::StatusCode;
 use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
 use idempotency::{TransactionSlot, TxRejection};
-use idempotency_e2e::{User, migrated_postgres_store, request, send};
+use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::time::Duration;
 
 const MODES: [ClaimMode; 3] = [
@@ -93,16 +93,7 @@ async fn setup(
     String,
     idempotency_testkit::TestSchema,
 ) {
-    let (store, schema) = migrated_postgres_store("idem_misuse").await;
-    let table = format!("\"{}\".side_effects", schema.name());
-    store
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .batch_execute(&format!("CREATE TABLE {table} (body text NOT NULL)"))
-        .await
-        .unwrap();
+    let (store, schema, table) = migrated_postgres_store_with_side_effects("idem_misuse").await;
     let mut builder = IdempotencyLayer::builder(store.clone())
         .scope_from_extension::<User>()
         .claim_mode(mode);
