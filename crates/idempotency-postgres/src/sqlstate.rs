@@ -7,8 +7,11 @@
 /// dead-lettered rather than retried.
 ///
 /// Permanent: class `22` (data exception: a NUL byte in text `22021`, a value out of range,
-/// an invalid date), `23` (integrity constraint: check, not-null, foreign key, unique) and
-/// `44` (`WITH CHECK OPTION`). Everything else is taken as transient: the connection (`08`),
+/// an invalid date), `23` (integrity constraint: check, not-null, unique) and `44`
+/// (`WITH CHECK OPTION`). Not a foreign key violation (`23503`): the row it needs may be written
+/// later by another message or request (a child that arrived before its parent), so it is taken
+/// as transient, never recorded as a refusal. Everything else is taken as transient too: the
+/// connection (`08`),
 /// serialization failures and deadlocks (`40`), resources (`53`), locks and timeouts (`55`,
 /// `57`), the server (`58`, `XX`), and also schema and privilege errors (`42`: a table not
 /// migrated yet, a missing grant), which the deployment fixes rather than the input. Bound the
@@ -25,8 +28,11 @@
 /// With tokio-postgres: `error.code().is_some_and(|c| is_permanent_sqlstate(c.code()))`; with
 /// sqlx: `error.as_database_error().and_then(|e| e.code()).is_some_and(|c| is_permanent_sqlstate(&c))`.
 pub fn is_permanent_sqlstate(code: &str) -> bool {
-    matches!(code.get(..2), Some("22" | "23" | "44"))
+    code != FOREIGN_KEY_VIOLATION && matches!(code.get(..2), Some("22" | "23" | "44"))
 }
+
+/// A foreign key violation: the referenced row may exist later.
+const FOREIGN_KEY_VIOLATION: &str = "23503";
 
 #[cfg(test)]
 mod tests {
@@ -40,8 +46,8 @@ mod tests {
             assert!(is_permanent_sqlstate(code), "{code}");
         }
         for code in [
-            "08006", "40001", "40P01", "53300", "55P03", "57014", "57P01", "58030", "XX000",
-            "42P01", "42501", "25P02", "25P03", "", "2",
+            "23503", "08006", "40001", "40P01", "53300", "55P03", "57014", "57P01", "58030",
+            "XX000", "42P01", "42501", "25P02", "25P03", "", "2",
         ] {
             assert!(!is_permanent_sqlstate(code), "{code}");
         }
