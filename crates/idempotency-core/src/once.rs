@@ -283,10 +283,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Ok(Begin::Mismatch) => return Err(OnceError::Mismatch),
             Err(error) => return Err(OnceError::Store(error)),
         };
-        let slot = guard.transaction().cloned();
         let context = OnceContext {
             lease: guard.lease().clone(),
-            transaction: slot.clone(),
+            transaction: guard.transaction().cloned(),
         };
         // A released key may turn out another's (the speculative mode settles it only now):
         // then its answer, not the work's error, nor its panic. A panic is caught with the
@@ -295,11 +294,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let value = match worked {
             Ok(Ok(value)) => value,
             Ok(Err(error)) => {
+                let misused = guard
+                    .transaction()
+                    .is_some_and(TransactionSlot::was_misused);
                 return match guard.release().await {
                     Completion::Superseded(superseded) => superseded_outcome(superseded),
-                    _ if slot.is_some_and(|slot| slot.was_misused()) => {
-                        Err(OnceError::TransactionMisused)
-                    }
+                    _ if misused => Err(OnceError::TransactionMisused),
                     _ => Err(OnceError::Work(error)),
                 };
             }
