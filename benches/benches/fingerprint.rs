@@ -4,7 +4,8 @@
 //! the body once per level, issue 28 item 5).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idempotency::{BodyCanonicalization, Fingerprint};
+use idempotency::BodyCanonicalization;
+use idempotency::store::Fingerprint;
 use std::hint::black_box;
 
 const SIZE: usize = 1 << 20;

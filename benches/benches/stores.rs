@@ -2,8 +2,8 @@
 //! --bench stores`. Unreachable stores are skipped with one line each.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use idempotency::store::ClaimOutcome;
-use idempotency::{IdempotencyStore, LeaseToken, MemoryStore, ReplayTier};
+use idempotency::store::{ClaimOutcome, LeaseToken};
+use idempotency::{IdempotencyStore, MemoryStore, ReplayTier};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_runtime,
     bench_scope, connect, fresh_key,

@@ -9,8 +9,8 @@ use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use idempotency::store::ClaimOutcome;
-use idempotency::{IdempotencyKey, IdempotencyStore, LeaseToken, TableMode};
+use idempotency::store::{ClaimOutcome, LeaseToken};
+use idempotency::{IdempotencyKey, IdempotencyStore, TableMode};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Servers, Target, bench_fingerprint, bench_response, bench_runtime,
     bench_scope, connect, fresh_key,

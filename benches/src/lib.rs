@@ -8,9 +8,10 @@ pub mod load;
 use bytes::Bytes;
 use idempotency::postgres::tokio_postgres;
 use idempotency::redis::redis;
+use idempotency::store::{Fingerprint, LeaseToken, StoredResponse};
 use idempotency::{
-    BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
-    MemoryStore, PostgresStore, RedisStore, Scope, StoredResponse, TableMode,
+    BodyCanonicalization, IdempotencyKey, IdempotencyStore, KeyFormat, MemoryStore, PostgresStore,
+    RedisStore, Scope, TableMode,
 };
 use std::sync::Arc;
 use std::time::Duration;

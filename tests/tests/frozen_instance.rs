@@ -4,6 +4,10 @@
 //! retried on the other until it answers 201. In the one-transaction modes a key is held by the
 //! request's open transaction, which PostgreSQL ends only when the session does: never, for a
 //! frozen process, without a bound. After the frozen process thaws, no key has two tasks.
+//!
+//! The second case freezes an instance while its request's transaction holds a row lock (an
+//! `UPDATE` of one task, not yet committed): the retry, run on the other instance once the key is
+//! free, updates the same row and must not wait on the frozen transaction for ever.
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
@@ -31,7 +35,22 @@ async fn create(
     key: &str,
     within: Duration,
 ) -> Option<(StatusCode, Bytes)> {
-    let request = hyper::Request::post(format!("http://{addr}/tasks"))
+    send(client, "POST", addr, "/tasks", user, key, within).await
+}
+
+/// `method path` with the body `{"title": key}`; `None` when no answer came within `within`.
+async fn send(
+    client: &HttpClient,
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    user: &str,
+    key: &str,
+    within: Duration,
+) -> Option<(StatusCode, Bytes)> {
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
         .header("authorization", format!("Bearer {user}"))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
@@ -47,22 +66,63 @@ async fn create(
     .flatten()
 }
 
+/// A throwaway server and two demo processes on it, in `claim_mode` with the lease [`LEASE`]:
+/// the one about to freeze, and the other, where retries go.
+struct Instances {
+    _pg: TempPostgres,
+    url: String,
+    frozen: DemoProcess,
+    other: DemoProcess,
+    client: HttpClient,
+}
+
+impl Instances {
+    async fn start(claim_mode: &str) -> Instances {
+        let pg = TempPostgres::start(&[]).unwrap();
+        let url = pg.url("postgres");
+        let binary = env!("CARGO_BIN_EXE_demo-server");
+        let lease = LEASE.as_secs().to_string();
+        let args = [
+            "--store",
+            url.as_str(),
+            "--claim-mode",
+            claim_mode,
+            "--lease",
+            lease.as_str(),
+        ];
+        let frozen = DemoProcess::start(binary, &args, &[]).await;
+        let other = DemoProcess::start(binary, &args, &[]).await;
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Instances {
+            _pg: pg,
+            url,
+            frozen,
+            other,
+            client,
+        }
+    }
+}
+
+/// A connection to the database at `url`, to read what the instances left.
+async fn connect(url: &str) -> idempotency::postgres::tokio_postgres::Client {
+    let (db, connection) = idempotency::postgres::tokio_postgres::connect(
+        url,
+        idempotency::postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    db
+}
+
 async fn a_frozen_instance_holds_no_key_past_the_lease(claim_mode: &str) {
-    let pg = TempPostgres::start(&[]).unwrap();
-    let url = pg.url("postgres");
-    let binary = env!("CARGO_BIN_EXE_demo-server");
-    let lease = LEASE.as_secs().to_string();
-    let args = [
-        "--store",
-        url.as_str(),
-        "--claim-mode",
-        claim_mode,
-        "--lease",
-        lease.as_str(),
-    ];
-    let frozen = DemoProcess::start(binary, &args, &[]).await;
-    let other = DemoProcess::start(binary, &args, &[]).await;
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let Instances {
+        _pg,
+        url,
+        frozen,
+        other,
+        client,
+    } = Instances::start(claim_mode).await;
 
     // Traffic to the instance about to freeze: each client sends fresh keys, once each.
     let sent: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
@@ -144,13 +204,7 @@ async fn a_frozen_instance_holds_no_key_past_the_lease(claim_mode: &str) {
         "{claim_mode}: the thawed instance serves new keys"
     );
 
-    let (db, connection) = idempotency::postgres::tokio_postgres::connect(
-        &url,
-        idempotency::postgres::tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
+    let db = connect(&url).await;
     let titles: Vec<String> = keys.iter().map(|(_, key)| key.clone()).collect();
     let row = db
         .query_one(
@@ -188,4 +242,147 @@ async fn a_frozen_instance_holds_no_key_past_the_lease_in_the_one_transaction_mo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_instance_holds_no_key_past_the_lease_in_the_lease_mode() {
     a_frozen_instance_holds_no_key_past_the_lease("lease").await;
+}
+
+/// One task, updated by `PATCH` with fresh keys on the instance about to freeze until it is
+/// frozen between its `UPDATE` and its `COMMIT` (the row locked by a transaction that waits for
+/// its frozen application); then the same `PATCH` retried on the other instance. Its handler
+/// updates the same row, so it runs only once the frozen transaction has ended.
+async fn a_frozen_instance_holds_no_row_lock_past_the_lease(claim_mode: &str) {
+    let Instances {
+        _pg,
+        url,
+        frozen,
+        other,
+        client,
+    } = Instances::start(claim_mode).await;
+    let db = connect(&url).await;
+
+    let user = uuid::Uuid::new_v4().to_string();
+    let (status, body) = create(
+        &client,
+        other.addr(),
+        &user,
+        "first",
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let task: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let path = format!("/tasks/{}", task["id"].as_str().unwrap());
+
+    // One client updates the task on the instance about to freeze. Frozen at a random instant,
+    // it is caught between the `UPDATE` and the `COMMIT` often enough: thaw and try again until
+    // the database shows a transaction idle with a row of `tasks` locked.
+    let key = Arc::new(Mutex::new(String::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let updater = {
+        let (client, key, stop, path, user) = (
+            client.clone(),
+            key.clone(),
+            stop.clone(),
+            path.clone(),
+            user.clone(),
+        );
+        let addr = frozen.addr();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let fresh = uuid::Uuid::new_v4().to_string();
+                *key.lock().unwrap() = fresh.clone();
+                send(
+                    &client,
+                    "PATCH",
+                    addr,
+                    &path,
+                    &user,
+                    &fresh,
+                    Duration::from_secs(1),
+                )
+                .await;
+            }
+        })
+    };
+    let mut caught = false;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_millis(7)).await;
+        frozen.signal("STOP");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let locked: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE l.relation = 'tasks'::regclass AND l.mode = 'RowExclusiveLock' \
+                   AND l.granted AND a.state = 'idle in transaction'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if locked == 1 {
+            caught = true;
+            break;
+        }
+        frozen.signal("CONT");
+    }
+    assert!(
+        caught,
+        "{claim_mode}: never froze between an UPDATE and its COMMIT"
+    );
+    let frozen_at = tokio::time::Instant::now();
+    stop.store(true, Ordering::SeqCst);
+    updater.await.unwrap();
+    let key = key.lock().unwrap().clone();
+
+    // The frozen request's key, retried on the other instance: `200` within the lease and a few
+    // seconds, while the first instance stays frozen.
+    let deadline = frozen_at + LEASE + Duration::from_secs(6);
+    let mut last = None;
+    let answered = loop {
+        let answer = send(
+            &client,
+            "PATCH",
+            other.addr(),
+            &path,
+            &user,
+            &key,
+            Duration::from_secs(2),
+        )
+        .await;
+        match answer {
+            Some((StatusCode::OK, body)) => break Some(body),
+            Some((StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE, _)) | None => {}
+            Some((status, body)) => {
+                panic!("unexpected {status}: {}", String::from_utf8_lossy(&body))
+            }
+        }
+        last = answer.map(|(status, _)| status);
+        if tokio::time::Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waited = frozen_at.elapsed();
+    frozen.signal("CONT");
+    let body = answered.unwrap_or_else(|| {
+        panic!(
+            "{claim_mode}: the retry of the frozen request was not answered {waited:?} after the \
+             freeze (lease {LEASE:?}; last answer {last:?}): it waits on the frozen transaction's \
+             row lock"
+        )
+    });
+    let updated: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(updated["title"], key.as_str());
+    eprintln!("{claim_mode}: the retry updated the row {waited:?} after the freeze");
+    drop(frozen);
+    drop(other);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_instance_holds_no_row_lock_past_the_lease_in_the_lease_mode() {
+    a_frozen_instance_holds_no_row_lock_past_the_lease("lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_instance_holds_no_row_lock_past_the_lease_in_the_speculative_mode() {
+    a_frozen_instance_holds_no_row_lock_past_the_lease("speculative").await;
 }

@@ -8,7 +8,9 @@
 //!   different request with the key still gets 422;
 //! - replays do not use up the per-caller limit on new keys;
 //! - taking the transaction twice (two extractors, or a helper opening it again) is answered at
-//!   once with `500 transaction-misused`, the key released and the connection returned.
+//!   once with `500 transaction-misused`, the key released and the connection returned;
+//! - a handler that keeps its transaction open and idle for longer than a lease (waiting on
+//!   something outside the database) loses it: nothing it wrote stands, and its retry runs.
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
@@ -83,6 +85,27 @@ async fn reopens(
         Err(error) => TxRejection(error).into_response(),
     }
 }
+
+/// Writes one side effect, then, the first time only, waits longer than the idle bound (a call
+/// to a slow service with the transaction open) before answering.
+async fn create_then_wait(
+    State(effects): State<Effects>,
+    Extension(first): Extension<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    tx: Tx<PgTransaction>,
+    body: String,
+) -> Result<(StatusCode, String), StatusCode> {
+    let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);
+    tx.execute(&sql, &[&body])
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(IDLE_LEASE + Duration::from_millis(1500)).await;
+    }
+    Ok((StatusCode::CREATED, format!("created {body}")))
+}
+
+/// The lease of [`a_transaction_idle_longer_than_a_lease_commits_nothing`].
+const IDLE_LEASE: Duration = Duration::from_secs(2);
 
 async fn setup(
     mode: ClaimMode,
@@ -244,5 +267,64 @@ async fn taking_the_transaction_twice_is_an_immediate_typed_error() {
             40,
             "{mode:?}: no misused write stands"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_idle_longer_than_a_lease_commits_nothing() {
+    for mode in MODES {
+        let (store, _schema, table) = migrated_postgres_store_with_side_effects("idem_idle").await;
+        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let app = Router::new()
+            .route("/slow", post(create_then_wait))
+            .layer(
+                IdempotencyLayer::builder(store.clone())
+                    .scope_from_extension::<User>()
+                    .claim_mode(mode)
+                    .lease(IDLE_LEASE)
+                    .store_timeout(Duration::from_millis(500))
+                    .build(),
+            )
+            .layer(Extension(first))
+            .with_state(Effects(table.clone()));
+        let (user, key) = (idempotency_e2e::user(), idempotency_e2e::key());
+        let (status, headers, body) = post_to(&app, "/slow", &key, user, "milk").await;
+        let body = String::from_utf8_lossy(&body);
+        eprintln!("{mode:?}: the idle request answered {status} {body}");
+        assert!(
+            status.is_server_error(),
+            "{mode:?}: the idle transaction was ended, so its request cannot succeed: {status} {body}"
+        );
+        assert!(!replayed(&headers), "{mode:?}");
+        assert_eq!(
+            count(&store, &table).await,
+            0,
+            "{mode:?}: nothing the ended transaction wrote stands ({status} {body})"
+        );
+        // The retry runs and commits, once. In the one-transaction modes the ended transaction
+        // was what held the key, so at once; in the lease mode the commit's failure is a lost
+        // connection (`503 outcome-unknown`), so the claim stands until its lease lapses and
+        // the retry gets `409` until then.
+        let deadline = tokio::time::Instant::now() + IDLE_LEASE + Duration::from_secs(3);
+        loop {
+            let (status, headers, body) = post_to(&app, "/slow", &key, user, "milk").await;
+            if status == StatusCode::CONFLICT
+                && mode == ClaimMode::Lease
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            assert_eq!(
+                (status, replayed(&headers)),
+                (StatusCode::CREATED, false),
+                "{mode:?}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            break;
+        }
+        let (status, headers, _) = post_to(&app, "/slow", &key, user, "milk").await;
+        assert_eq!((status, replayed(&headers)), (StatusCode::CREATED, true));
+        assert_eq!(count(&store, &table).await, 1, "{mode:?}: one side effect");
     }
 }

@@ -1,8 +1,8 @@
 //! `NullStore`: a store that keeps nothing, for the layer's own cost with no store behind it.
 
-use idempotency::store::{ClaimOutcome, FenceOutcome, Record};
-use idempotency::{
-    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
+use idempotency::store::{
+    ClaimOutcome, FenceOutcome, Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Record,
+    Scope, StoreError, StoredResponse,
 };
 use std::time::Duration;
 

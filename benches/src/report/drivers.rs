@@ -5,8 +5,8 @@
 use super::measure::claim_complete;
 use fmt::Write as _;
 use idempotency::postgres::tokio_postgres;
-use idempotency::store::CommitOutcome;
-use idempotency::{IdempotencyStore, LeaseToken, PostgresStore, SqlxPostgresStore, StoredResponse};
+use idempotency::store::{CommitOutcome, LeaseToken, StoredResponse};
+use idempotency::{IdempotencyStore, PostgresStore, SqlxPostgresStore};
 use idempotency_bench::{
     LEASE, RETENTION, Servers, bench_fingerprint, bench_response, bench_scope, err, fresh_key,
     median, pg_claim_complete,
@@ -166,7 +166,7 @@ async fn transactional(
     let tx = store
         .transactional()
         .ok_or("the store offers no transactions")?
-        .begin_transaction(&scope, &key, token)
+        .begin_transaction(&scope, &key, token, LEASE)
         .await
         .map_err(err)?
         .ok_or("a fresh claim's transaction was refused")?;

@@ -8,9 +8,8 @@ pub(crate) use floor::*;
 pub(crate) use volume::*;
 
 use hdrhistogram::Histogram;
-use idempotency::{
-    Begin, Completion, Engine, EngineConfig, IdempotencyStore, LeaseToken, TableMode,
-};
+use idempotency::store::LeaseToken;
+use idempotency::{Begin, Completion, Engine, EngineConfig, IdempotencyStore, TableMode};
 use idempotency_bench::{
     Connected, Target, bench_fingerprint, bench_response, bench_scope, err, fresh_key, median,
 };

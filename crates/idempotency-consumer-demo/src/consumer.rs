@@ -303,8 +303,8 @@ impl Consumer {
         let engine = Engine::new(
             store,
             EngineConfig::default()
-                .with_claim_mode(ClaimMode::OneTransaction)
-                .with_in_flight_wait(config.in_flight_wait),
+                .claim_mode(ClaimMode::OneTransaction)
+                .in_flight_wait(config.in_flight_wait),
         );
         let connection =
             Connection::connect(&config.amqp_url, ConnectionProperties::default()).await?;

@@ -38,7 +38,7 @@ pub enum StoreError {
     },
     /// The scope (one authenticated caller) may not start new keys for now: it holds its share
     /// of the memory store, or used its new keys of the window
-    /// ([`EngineConfig::new_keys_per_scope`](crate::EngineConfig::new_keys_per_scope)). Its
+    /// ([`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope)). Its
     /// used keys still replay, and other scopes are not affected. The layer answers 429.
     #[error("this caller may not start new keys in the {backend} idempotency store: {reason}")]
     ScopeFull {

@@ -15,9 +15,9 @@ pub mod store;
 mod transaction;
 
 #[cfg(feature = "axum")]
-pub use engine::LeaseRejection;
+pub use engine::KeyClaimRejection;
 pub use engine::{
-    Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, Lease, ReplayPolicy,
+    Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, KeyClaim, ReplayPolicy,
     RollbackCause, ScopeLimit, Superseded,
 };
 pub use error::{BoxError, ErrorChain, StoreError};

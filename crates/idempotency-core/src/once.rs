@@ -4,7 +4,7 @@
 //! [`Engine::once`] is the same protocol as an HTTP request's, with typed values in place of a
 //! response: the input is fingerprinted (its canonical JSON), the work's `Ok` value is stored
 //! (as JSON) and handed back to every later duplicate, a concurrent duplicate waits
-//! ([`EngineConfig::in_flight_wait`](crate::EngineConfig::in_flight_wait)) or is told it is in
+//! ([`EngineConfig::in_flight_wait`](crate::EngineConfig#structfield.in_flight_wait)) or is told it is in
 //! flight, and the same key with another input is refused.
 //!
 //! The error rule, chosen by where the work puts a failure:
@@ -22,7 +22,7 @@
 //! [`OnceContext`], exactly as an HTTP handler does, and the result commits with the work's
 //! writes: a crash at any instant leaves both or neither.
 
-use crate::engine::{Begin, Completion, Engine, Lease, RollbackCause, Superseded};
+use crate::engine::{Begin, Completion, Engine, KeyClaim, RollbackCause, Superseded};
 use crate::transaction::{StoreTransaction, Transaction, TransactionError, TransactionSlot};
 use crate::{
     BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, Scope, StoreError,
@@ -164,7 +164,7 @@ impl<E> OnceError<E> {
 /// What the work of [`Engine::once`] is given: its claim, and on a transactional store the
 /// transaction its writes commit in together with its value.
 pub struct OnceContext {
-    lease: Lease,
+    lease: KeyClaim,
     transaction: Option<TransactionSlot>,
 }
 
@@ -178,8 +178,8 @@ impl fmt::Debug for OnceContext {
 }
 
 impl OnceContext {
-    /// The claim: scope, key, fencing token, and [`Lease::lost`] to stop early.
-    pub fn lease(&self) -> &Lease {
+    /// The claim: scope, key, fencing token, and [`KeyClaim::lost`] to stop early.
+    pub fn claim(&self) -> &KeyClaim {
         &self.lease
     }
 
@@ -284,7 +284,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Err(error) => return Err(OnceError::Store(error)),
         };
         let context = OnceContext {
-            lease: guard.lease().clone(),
+            lease: guard.claim().clone(),
             transaction: guard.transaction().cloned(),
         };
         // A released key may turn out another's (the speculative mode settles it only now):

@@ -8,7 +8,8 @@
 /// The values the trait's methods take and return, also at the crate root: a store needs no
 /// other path than this module.
 pub use crate::{
-    DecodeError, Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
+    DecodeError, FINGERPRINT_LEN, Fingerprint, FingerprintAlgorithm, FingerprintError,
+    IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
 
 pub use crate::error::CorruptRecord;

@@ -27,11 +27,18 @@ pub trait TransactionalStore: Send + Sync {
     /// Begins a transaction on the store's database and checks, inside it, that `token` still
     /// holds a live claim on `(scope, key)`. `Ok(None)` when it does not (the lease was lost):
     /// nothing is left open.
+    ///
+    /// As in [`begin_one_transaction`](TransactionalStore::begin_one_transaction), the store
+    /// must end the transaction from the database's side when it sits idle, waiting for the
+    /// application's next statement, for longer than `hold` (the engine passes its lease): the
+    /// claim of a frozen or cut-off process lapses after one lease and a retry runs, and the
+    /// retry's handler must not wait for ever on the rows the frozen transaction locked.
     async fn begin_transaction(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError>;
 
     /// Whether the store implements [`TransactionalStore::begin_one_transaction`], the

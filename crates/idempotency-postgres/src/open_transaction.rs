@@ -231,6 +231,14 @@ fn commit_error(error: DriverError) -> StoreError {
     }
 }
 
+/// `hold` as the server's `idle_in_transaction_session_timeout`, in whole milliseconds: at least
+/// 1 (0 would turn the bound off) and at most what the setting takes (`i32::MAX`, 24.8 days).
+fn idle_limit_ms(hold: Duration) -> i64 {
+    i64::try_from(hold.as_millis())
+        .unwrap_or(i64::MAX)
+        .clamp(1, i64::from(i32::MAX))
+}
+
 impl<D: Driver> StoreCore<D> {
     /// Lease mode: begins a transaction and checks, inside it, that `token` still holds a live
     /// claim on `(scope, key)`; `None` (nothing left open) when it does not.
@@ -239,11 +247,13 @@ impl<D: Driver> StoreCore<D> {
         scope: &Scope,
         key: &IdempotencyKey,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<Option<OpenTransaction<D>>, StoreError> {
         let params = [
             Param::Text(scope.as_str()),
             Param::Text(key.as_str()),
             Param::Uuid(token.as_uuid()),
+            Param::Int8(idle_limit_ms(hold)),
         ];
         let (tx, rows) = self
             .driver
@@ -335,8 +345,12 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
         scope: &Scope,
         key: &IdempotencyKey,
         token: LeaseToken,
+        hold: Duration,
     ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError> {
-        let open = self.inner.begin_transaction(scope, key, token).await?;
+        let open = self
+            .inner
+            .begin_transaction(scope, key, token, hold)
+            .await?;
         Ok(open.map(|tx| Box::new(PgTransaction(tx)) as Box<dyn StoreTransaction>))
     }
 

@@ -108,6 +108,14 @@ const EXTEND: &[ParamType] = &[
 /// The one-transaction modes' lookup: scope, key, and the longest the transaction may sit idle
 /// (ms).
 const KEY_HOLD: &[ParamType] = &[ParamType::Text, ParamType::Text, ParamType::Int8];
+/// The lease mode's check at `BEGIN`: scope, key, token, and the longest the transaction may sit
+/// idle (ms).
+const FENCED_HOLD: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Uuid,
+    ParamType::Int8,
+];
 const KEYED_INSERT: &[ParamType] = &[
     ParamType::Text,
     ParamType::Text,
@@ -261,14 +269,18 @@ impl Statements {
             // completion makes anyway), so a transaction the handler ends itself can be asked
             // later whether it committed. Inside a transaction `now()` is the transaction's
             // start, so leases are compared with `statement_timestamp()`.
+            // `$4` bounds the transaction's idle time as in the one-transaction modes: a frozen
+            // instance's claim lapses after one lease and its retry runs elsewhere, and the
+            // retry's handler must not wait for ever on the rows the frozen transaction locked.
             tx_check: Sql::new(
                 format!(
-                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true), {XID}{synchronous} \
+                    "SELECT set_config('{TX_MARK}', $3::uuid::text, true), {XID}{synchronous}, \
+                       set_config('idle_in_transaction_session_timeout', $4::int8::text, true) \
                      FROM {t} \
                      WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
                        AND locked_until > statement_timestamp()"
                 ),
-                FENCED,
+                FENCED_HOLD,
             ),
             // Sent with `COMMIT` right behind it (one round trip). The update locks the row and
             // re-checks token, lease and mark on its latest version; when it matches nothing

@@ -64,8 +64,8 @@ mod postgres {
         let engine = Engine::new(
             store.clone(),
             EngineConfig::default()
-                .with_lease(LEASE)
-                .with_store_timeout(STORE_TIMEOUT),
+                .lease(LEASE)
+                .store_timeout(STORE_TIMEOUT),
         );
         let answer = engine.begin(scope.clone(), key.clone(), fp()).await;
         assert!(

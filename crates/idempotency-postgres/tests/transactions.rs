@@ -391,7 +391,7 @@ mod postgres {
         S::write(
             slot,
             &format!("INSERT INTO \"{schema}\".side_effects (key) VALUES ($1)"),
-            guard.lease().key().as_str(),
+            guard.claim().key().as_str(),
         )
         .await;
     }
@@ -439,13 +439,17 @@ mod postgres {
             let f = Fixture::<S>::new(mode).await;
             let short = f.engine(
                 EngineConfig::default()
-                    .with_lease(Duration::from_millis(300))
-                    .with_heartbeat(false),
+                    .lease(Duration::from_millis(300))
+                    .heartbeat(false),
             );
             let (s, k) = (scope(), key());
             let first = proceed(&short, &s, &k).await;
-            write_side_effect(&first, &f.schema).await;
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            // Busy with statements while its lease runs out: a transaction idle for longer than
+            // the lease would be ended by the database before its commit is fenced.
+            for _ in 0..6 {
+                write_side_effect(&first, &f.schema).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let second = proceed(&short, &s, &k).await;
             assert_eq!(
                 first.complete(response(201)).await,
@@ -553,8 +557,8 @@ mod postgres {
                 .await;
                 let engine = f.engine(
                     EngineConfig::default()
-                        .with_claim_mode(mode)
-                        .with_store_timeout(Duration::from_millis(500)),
+                        .claim_mode(mode)
+                        .store_timeout(Duration::from_millis(500)),
                 );
                 let (s, k) = (scope(), key());
                 let guard = proceed(&engine, &s, &k).await;
@@ -630,7 +634,7 @@ mod postgres {
             ClaimMode::OneTransaction,
             ClaimMode::OneTransactionSpeculative,
         ] {
-            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let guard = proceed(&engine, &s, &k).await;
             write_side_effect(&guard, &f.schema).await;
@@ -674,8 +678,8 @@ mod postgres {
         let f = Fixture::<S>::new(TableMode::Unlogged).await;
         let short = f.engine(
             EngineConfig::default()
-                .with_lease(Duration::from_millis(200))
-                .with_heartbeat(false),
+                .lease(Duration::from_millis(200))
+                .heartbeat(false),
         );
         let guard = proceed(&short, &scope(), &key()).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -768,7 +772,7 @@ mod postgres {
             ClaimMode::OneTransaction,
             ClaimMode::OneTransactionSpeculative,
         ] {
-            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let (sql, key_text) = (sql.as_str(), k.as_str());
             let misused = tokio::time::timeout(
@@ -835,7 +839,7 @@ mod postgres {
             ClaimMode::OneTransaction,
             ClaimMode::OneTransactionSpeculative,
         ] {
-            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let (insert, poison, key_text) = (insert.as_str(), poison.as_str(), k.as_str());
             let work = |discard: bool| {
@@ -907,7 +911,7 @@ mod postgres {
             "the store's connections commit asynchronously"
         );
         for mode in [ClaimMode::Lease, ClaimMode::OneTransaction] {
-            let engine = f.engine(EngineConfig::default().with_claim_mode(mode));
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let guard = proceed(&engine, &s, &k).await;
             S::write(
@@ -949,7 +953,7 @@ mod postgres {
     /// exists in this mode).
     async fn one_transaction_handler_that_ends_the_transaction_is_caught<S: Driver>() {
         let f = Fixture::<S>::new(TableMode::Logged).await;
-        let engine = f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransaction));
+        let engine = f.engine(EngineConfig::default().claim_mode(ClaimMode::OneTransaction));
         ended_by_the_handler(&engine, &f).await;
         f.assert_pool_clean().await;
         f.drop().await;
@@ -960,7 +964,7 @@ mod postgres {
     async fn speculative_handler_that_ends_the_transaction_is_caught<S: Driver>() {
         let f = Fixture::<S>::new(TableMode::Logged).await;
         let engine =
-            f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransactionSpeculative));
+            f.engine(EngineConfig::default().claim_mode(ClaimMode::OneTransactionSpeculative));
         ended_by_the_handler(&engine, &f).await;
         f.assert_pool_clean().await;
         f.drop().await;
@@ -974,8 +978,8 @@ mod postgres {
         let f = Fixture::<S>::new(TableMode::Logged).await;
         let engine = f.engine(
             EngineConfig::default()
-                .with_claim_mode(ClaimMode::OneTransactionSpeculative)
-                .with_store_timeout(Duration::from_millis(300)),
+                .claim_mode(ClaimMode::OneTransactionSpeculative)
+                .store_timeout(Duration::from_millis(300)),
         );
         let url = postgres_url();
         let (blocker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -1002,7 +1006,7 @@ mod postgres {
         blocker.batch_execute("COMMIT").await.expect("unlock");
         // The retry, with the default store timeout: a busy machine must not refuse it.
         let engine =
-            f.engine(EngineConfig::default().with_claim_mode(ClaimMode::OneTransactionSpeculative));
+            f.engine(EngineConfig::default().claim_mode(ClaimMode::OneTransactionSpeculative));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let retry = loop {
             match engine.begin(s.clone(), k.clone(), fp()).await {

@@ -266,7 +266,7 @@ mod redis_store {
         let (master, replica) = master_and_replica().await;
         let store = waiting_store(&master, "idem-wait-complete:").await;
         // Room for the completion's wait (see `ACK_WAIT`), which times out, on a busy machine.
-        let config = EngineConfig::default().with_store_timeout(Duration::from_secs(10));
+        let config = EngineConfig::default().store_timeout(Duration::from_secs(10));
         let engine = Engine::new(store, config);
         let scope = Scope::new("user-1").expect("scope");
         let Begin::Proceed(guard) = engine

@@ -81,6 +81,8 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
 
 /// Per-route variants: layers that share one engine (its store, claim mode, lease, background
 /// work and drain), the scope source and the body budget, each with its own request settings.
+/// Each method is named as the builder's setting it changes, and returns a new layer: this one
+/// is unchanged.
 impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// This layer with another fingerprint for the routes it is put on (say, one route whose
     /// bodies carry a field that changes on every retry), sharing this layer's engine and drain:
@@ -95,7 +97,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// let layer = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default())
     ///     .unscoped()
     ///     .build();
-    /// let charges = layer.with_fingerprint(FingerprintSpec::new().ignore_json("/sent_at")?);
+    /// let charges = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/sent_at")?);
     /// let app: Router = Router::new()
     ///     .route("/tasks", post(create).route_layer(layer.clone()))
     ///     .route("/charges", post(charge).route_layer(charges));
@@ -103,29 +105,26 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// let _drain = layer.drain();
     /// # Ok(()) }
     /// ```
-    pub fn with_fingerprint(&self, spec: idempotency_core::FingerprintSpec) -> Self {
+    pub fn fingerprint_with(&self, spec: idempotency_core::FingerprintSpec) -> Self {
         self.variant(|settings| settings.fingerprint = spec)
     }
 
     /// This layer taking the key from `key` instead of the header (see
     /// [`IdempotencyLayerBuilder::key_with`]), sharing this layer's engine and drain.
-    pub fn with_key(&self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn key_with(&self, key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.variant(|settings| settings.key_with = Some(Arc::new(key)))
     }
 
     /// This layer storing the statuses `policy` stores instead of the engine's policy,
     /// sharing this layer's engine and drain.
-    pub fn with_replay_policy(&self, policy: idempotency_core::ReplayPolicy) -> Self {
+    pub fn replay_policy(&self, policy: idempotency_core::ReplayPolicy) -> Self {
         self.variant(|settings| settings.replay_policy = policy)
     }
 
     /// This layer with other
     /// [`rejection_statuses`](IdempotencyLayerBuilder::rejection_statuses), sharing this
     /// layer's engine and drain.
-    pub fn with_rejection_statuses(
-        &self,
-        statuses: impl IntoIterator<Item = http::StatusCode>,
-    ) -> Self {
+    pub fn rejection_statuses(&self, statuses: impl IntoIterator<Item = http::StatusCode>) -> Self {
         let statuses: Vec<_> = statuses.into_iter().collect();
         self.variant(|settings| settings.rejection_statuses = statuses)
     }

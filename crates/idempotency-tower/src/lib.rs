@@ -36,10 +36,10 @@
 //!
 //! # What the handler sees
 //! The request extensions of a request that holds its key carry its
-//! [`Lease`](idempotency_core::Lease) (key, scope, fencing token, `lost()`), and on a
+//! [`KeyClaim`](idempotency_core::KeyClaim) (key, scope, fencing token, `lost()`), and on a
 //! transactional store (PostgreSQL) its
 //! [`TransactionSlot`](idempotency_core::TransactionSlot): writes made in it commit together with
-//! the stored response. With the `axum` feature, `lease: Lease` and `Tx<PgTransaction>` are
+//! the stored response. With the `axum` feature, `lease: KeyClaim` and `Tx<PgTransaction>` are
 //! extractors.
 //!
 //! # Observability

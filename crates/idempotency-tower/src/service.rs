@@ -237,7 +237,7 @@ where
 /// client disconnects first, it is moved to its own task and still runs to the end, so a side
 /// effect is never cut in half and its response is still stored for the retry.
 ///
-/// The handler finds the request's [`Lease`](idempotency_core::Lease) in the request
+/// The handler finds the request's [`KeyClaim`](idempotency_core::KeyClaim) in the request
 /// extensions, and, on a transactional store, the
 /// [`TransactionSlot`](idempotency_core::TransactionSlot) its writes commit with.
 async fn run_once<Inner, S, ResB>(
@@ -260,7 +260,7 @@ where
     let tracked = on_panic.engine.track(
         async move {
             let extensions = request.extensions_mut();
-            extensions.insert(guard.lease().clone());
+            extensions.insert(guard.claim().clone());
             if let Some(transaction) = guard.transaction() {
                 extensions.insert(transaction.clone());
             }

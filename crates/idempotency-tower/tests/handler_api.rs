@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idempotency_core::{FingerprintSpec, Lease, Scope};
+use idempotency_core::{FingerprintSpec, KeyClaim, Scope};
 use idempotency_memory::MemoryStore;
 use idempotency_tower::{IdempotencyLayer, NotStored, Profile, Refusal, RefusalKind};
 use std::sync::Arc;
@@ -77,7 +77,7 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
     let app = Router::new()
         .route(
             "/pay",
-            post(|lease: Lease| async move {
+            post(|lease: KeyClaim| async move {
                 format!(
                     "{}|{}|{}|{}",
                     lease.key().as_str(),
@@ -86,9 +86,9 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
                     lease.is_held()
                 )
             })
-            .get(|lease: Option<Lease>| async move { format!("lease: {}", lease.is_some()) }),
+            .get(|lease: Option<KeyClaim>| async move { format!("lease: {}", lease.is_some()) }),
         )
-        .route("/needs-lease", get(|_lease: Lease| async { "never" }))
+        .route("/needs-lease", get(|_lease: KeyClaim| async { "never" }))
         .layer(builder().build());
 
     let (status, _, body) = send(&app, post_req("/pay", Some(KEY), "{}")).await;
@@ -110,7 +110,7 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
     let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(problem["code"], "idempotency_lease_unavailable");
+    assert_eq!(problem["code"], "idempotency_claim_unavailable");
 }
 
 // 2. Where the key comes from; which parts of a request count.
@@ -553,7 +553,7 @@ async fn the_layer_serves_a_bare_hyper_service_with_incoming_bodies() {
         .service_fn(move |request: http::Request<RequestBody>| {
             let runs = counter.clone();
             async move {
-                let lease = request.extensions().get::<Lease>().cloned();
+                let lease = request.extensions().get::<KeyClaim>().cloned();
                 let body = request.into_body().collect().await?.to_bytes();
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 let text = format!(

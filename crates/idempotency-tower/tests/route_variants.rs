@@ -1,5 +1,5 @@
 //! Routes with their own fingerprint, key source and replay policy on one engine: variants of a
-//! layer (`with_fingerprint`, `with_key`, `with_replay_policy`) share its engine, store and
+//! layer (`fingerprint_with`, `key_with`, `replay_policy`) share its engine, store and
 //! drain. Before issue 27 item 7 a route with another fingerprint needed a second layer, with a
 //! second engine and a second drain to await at shutdown.
 #![allow(clippy::unwrap_used)]
@@ -57,15 +57,15 @@ async fn each_route_has_its_own_fingerprint_key_source_and_policy_on_one_engine(
     let layer = IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
         .build();
-    let charges = layer.with_fingerprint(FingerprintSpec::new().ignore_json("/sent_at").unwrap());
-    let by_query = layer.with_key(|parts| {
+    let charges = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/sent_at").unwrap());
+    let by_query = layer.key_with(|parts| {
         parts
             .uri
             .query()?
             .strip_prefix("request_id=")
             .map(str::to_owned)
     });
-    let keep_errors = layer.with_replay_policy(ReplayPolicy::all_final());
+    let keep_errors = layer.replay_policy(ReplayPolicy::all_final());
     let app = Router::new()
         .route(
             "/tasks",
@@ -125,7 +125,7 @@ async fn one_drain_awaits_the_requests_of_every_variant() {
     let layer = IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
         .build();
-    let variant = layer.with_fingerprint(FingerprintSpec::new().ignore_json("/x").unwrap());
+    let variant = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/x").unwrap());
     let app = Router::new().route(
         "/slow",
         counting(&runs, StatusCode::CREATED, Duration::from_millis(300)).route_layer(variant),

@@ -493,7 +493,7 @@ async fn a_slow_response_body_keeps_its_lease_until_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
     use axum::Extension;
-    use idempotency_core::{IdempotencyStore, Lease};
+    use idempotency_core::{IdempotencyStore, KeyClaim};
     let store = FaultyStore::new(MemoryStore::default());
     let layer = IdempotencyLayer::builder(store.clone())
         .scope_with(|_| Some(Scope::new("alice").unwrap()))
@@ -504,7 +504,7 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
     let app = Router::new()
         .route(
             "/watch",
-            post(move |Extension(lease): Extension<Lease>| async move {
+            post(move |Extension(lease): Extension<KeyClaim>| async move {
                 assert_eq!(lease.key().as_str(), KEY);
                 assert!(lease.is_held());
                 let by_token = inner

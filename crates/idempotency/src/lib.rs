@@ -12,7 +12,32 @@ pub struct HttpGuide;
 
 use std::sync::Arc;
 
-pub use idempotency_core::*;
+// Re-exported by name and by audience, never by glob: a name added to core reaches the
+// umbrella only when it is listed here.
+
+// An HTTP application: the key, the scope and the fingerprint it covers, the claim and the
+// transaction a handler sees, and the errors it may meet.
+#[cfg(feature = "axum")]
+pub use idempotency_core::KeyClaimRejection;
+pub use idempotency_core::{
+    BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENT_REPLAYED,
+    IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim, KeyError, KeyFormat,
+    LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN, ReplayPolicy, Scope, ScopeError, StoreError,
+    Transaction, TransactionError, TransactionSlot, purge_periodically, redact_credentials,
+};
+// Jobs and messages (`Engine::once`), and driving the engine by hand (`Engine::begin`, whose
+// request is a `Fingerprint` and whose answer a `StoredResponse`).
+/// `Engine::once` and its context, as `idempotency_core::once`.
+pub use idempotency_core::once;
+/// What a store author (or a benchmark calling a store's primitives) needs:
+/// `use idempotency::store::*;`, as `idempotency_core::store`.
+pub use idempotency_core::store;
+pub use idempotency_core::{
+    Begin, BoxError, Completion, Engine, EngineConfig, Fingerprint, Guard, OnceContext, OnceError,
+    Outcome, RollbackCause, ScopeLimit, StoredResponse, Superseded,
+};
+/// Re-exported so users name the same `http` and `bytes` versions.
+pub use idempotency_core::{bytes, http};
 pub use idempotency_tower::{
     Final, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
     NotStored, Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet,

@@ -2,8 +2,8 @@
 //! per pool size.
 
 use super::*;
-use idempotency::store::FenceOutcome;
-use idempotency::{Fingerprint, IdempotencyStore, LeaseToken, Scope, StoredResponse};
+use idempotency::store::{FenceOutcome, Fingerprint, LeaseToken, StoredResponse};
+use idempotency::{IdempotencyStore, Scope};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Raw, Servers, Target, bench_fingerprint, bench_response,
     bench_scope, err, fresh_key, median, pg_claim_complete,

@@ -2,8 +2,8 @@
 //! saves.
 
 use super::*;
-use idempotency::store::{ClaimOutcome, FenceOutcome};
-use idempotency::{IdempotencyStore, LeaseToken, ReplayTier, TableMode};
+use idempotency::store::{ClaimOutcome, FenceOutcome, LeaseToken};
+use idempotency::{IdempotencyStore, ReplayTier, TableMode};
 use idempotency_bench::{
     Connected, LEASE, RETENTION, Target, bench_fingerprint, bench_response, bench_scope, err,
     fresh_key, median,

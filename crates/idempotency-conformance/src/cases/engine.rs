@@ -78,7 +78,7 @@ pub async fn engine_releases_statuses_the_policy_does_not_store<
 ) {
     let engine = engine(
         store,
-        EngineConfig::default().with_replay_policy(ReplayPolicy::standard()),
+        EngineConfig::default().replay_policy(ReplayPolicy::standard()),
     );
     let (s, k, fp) = (scope("5xx"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
@@ -102,9 +102,9 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     let engine = engine(
         store,
         EngineConfig::default()
-            .with_lease(Duration::from_millis(1500))
-            .with_store_timeout(Duration::from_millis(500))
-            .with_heartbeat(true),
+            .lease(Duration::from_millis(1500))
+            .store_timeout(Duration::from_millis(500))
+            .heartbeat(true),
     );
     let (s, k, fp) = (scope("heartbeat"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
@@ -112,7 +112,7 @@ pub async fn engine_heartbeat_keeps_a_slow_request_from_being_taken_over<
     let slow = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(4000)).await;
         assert!(
-            guard.lease().is_held(),
+            guard.claim().is_held(),
             "the heartbeat must keep the lease held"
         );
         guard.complete(response(201, b"slow")).await
@@ -140,7 +140,7 @@ pub async fn engine_waits_for_an_in_flight_request_then_replays<
 ) {
     let engine = engine(
         store,
-        EngineConfig::default().with_in_flight_wait(Duration::from_secs(10)),
+        EngineConfig::default().in_flight_wait(Duration::from_secs(10)),
     );
     let (s, k, fp) = (scope("wait"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
@@ -169,7 +169,7 @@ pub async fn engine_keeps_the_claim_when_storing_the_response_fails<
 ) {
     use crate::faults::{Fault, FaultyStore, StoreOp};
     let faulty = FaultyStore::new(store);
-    let engine = Engine::new(faulty.clone(), EngineConfig::default().with_lease(LONG));
+    let engine = Engine::new(faulty.clone(), EngineConfig::default().lease(LONG));
     let (s, k, fp) = (scope("deferred"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
     faulty.set(StoreOp::Complete, Fault::Fail);

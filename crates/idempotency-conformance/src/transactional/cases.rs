@@ -190,9 +190,9 @@ pub async fn tx_expired_record_is_taken_over<H: TransactionalHarness>(
     let short = Engine::new(
         harness.store(),
         EngineConfig::default()
-            .with_lease(LONG)
-            .with_retention(Duration::from_millis(400))
-            .with_claim_mode(mode),
+            .lease(LONG)
+            .retention(Duration::from_millis(400))
+            .claim_mode(mode),
     );
     let (scope, key, tag) = (scope("tx_expired"), key(), uuid::Uuid::new_v4().to_string());
     let first = fresh(&short, &scope, &key, "a", "a fresh key").await;
@@ -226,13 +226,19 @@ pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(h
     let short = Engine::new(
         harness.store(),
         EngineConfig::default()
-            .with_lease(Duration::from_millis(400))
-            .with_heartbeat(false),
+            .lease(Duration::from_millis(400))
+            .heartbeat(false),
     );
     let (scope, key, tag) = (scope("tx_fenced"), key(), uuid::Uuid::new_v4().to_string());
     let stale = fresh(&short, &scope, &key, "a", "a fresh key").await;
-    write(&*harness, &stale, &tag).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Busy with statements until its lease is long gone: a transaction idle for longer than a
+    // lease is ended by the store ([`tx_idle_past_the_lease_commits_nothing`]), which would
+    // keep this case from reaching the commit's fence.
+    let lapsed = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < lapsed {
+        write(&*harness, &stale, &tag).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let taker = engine(&*harness, ClaimMode::Lease);
     let current = fresh(&taker, &scope, &key, "a", "a lapsed lease is taken over").await;
     assert_eq!(
@@ -251,6 +257,41 @@ pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(h
         Completion::Stored
     );
     assert_eq!(harness.count(&tag).await, 1);
+}
+
+/// A request's transaction left idle (the handler waits on something outside the database, or
+/// its process froze) for longer than the lease is ended by the store, from the database's
+/// side: nothing it wrote commits, even though the heartbeat kept its claim alive, and the key
+/// runs again. Without it a frozen process's transaction, and every row it locked, would stay
+/// for as long as the process stays frozen.
+pub async fn tx_idle_past_the_lease_commits_nothing<H: TransactionalHarness>(
+    harness: Arc<H>,
+    mode: ClaimMode,
+) {
+    let lease = Duration::from_millis(600);
+    let short = Engine::new(
+        harness.store(),
+        EngineConfig::default()
+            .lease(lease)
+            .store_timeout(Duration::from_millis(150))
+            .claim_mode(mode),
+    );
+    let (scope, key, tag) = (scope("tx_idle"), key(), uuid::Uuid::new_v4().to_string());
+    let idle = fresh(&short, &scope, &key, "a", "a fresh key").await;
+    write(&*harness, &idle, &tag).await;
+    tokio::time::sleep(lease * 3).await;
+    let completion = idle.complete(response(201, b"late")).await;
+    assert!(
+        !matches!(completion, Completion::Stored),
+        "{mode:?}: a transaction idle for longer than the lease must not commit: {completion:?}"
+    );
+    assert_eq!(
+        harness.count(&tag).await,
+        0,
+        "{mode:?}: nothing the idle transaction wrote stands ({completion:?})"
+    );
+    let taker = engine(&*harness, mode);
+    runs_again_once(&*harness, &taker, &scope, &key, &tag).await;
 }
 
 /// One-transaction mode: the unique index, not the lock, decides. A request whose key was

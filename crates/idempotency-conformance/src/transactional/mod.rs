@@ -55,12 +55,7 @@ pub(super) fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> E
         store.transactional().is_some(),
         "the transactional cases need a store whose `transactional()` is Some"
     );
-    Engine::new(
-        store,
-        EngineConfig::default()
-            .with_lease(LONG)
-            .with_claim_mode(mode),
-    )
+    Engine::new(store, EngineConfig::default().lease(LONG).claim_mode(mode))
 }
 
 pub(super) fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<S> {
@@ -237,6 +232,7 @@ macro_rules! transactional_suite {
                 tx_duplicate_while_open_is_in_flight_then_replays
                 tx_concurrent_duplicates_write_once
                 tx_expired_record_is_taken_over
+                tx_idle_past_the_lease_commits_nothing
                 tx_once_commits_the_work_writes_with_its_value
                 tx_once_failed_work_leaves_no_write
                 tx_once_concurrent_duplicates_write_once

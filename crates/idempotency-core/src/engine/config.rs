@@ -86,7 +86,7 @@ pub enum ClaimMode {
     /// when the transaction rolls back, and the retry runs it again. Use [`ClaimMode::Lease`]
     /// for such handlers.
     ///
-    /// The request's [`Lease`](crate::Lease) never runs out in this mode (the transaction holds
+    /// The request's [`KeyClaim`](crate::KeyClaim) never runs out in this mode (the transaction holds
     /// the key), and its token fences no stored record: it is no fencing token for a downstream
     /// system here.
     OneTransaction,
@@ -105,7 +105,7 @@ pub enum ClaimMode {
     /// in the transaction, and whose code before their first statement has no effect.
     ///
     /// Duplicates are answered at once (a configured
-    /// [`in_flight_wait`](EngineConfig::in_flight_wait) makes the engine look the key up first,
+    /// [`in_flight_wait`](EngineConfig#structfield.in_flight_wait) makes the engine look the key up first,
     /// as [`ClaimMode::OneTransaction`] does, so that it can wait). On a store that cannot queue
     /// the lookup (sqlx, which sends `BEGIN` on its own), this is [`ClaimMode::OneTransaction`].
     OneTransactionSpeculative,
@@ -203,44 +203,46 @@ impl Default for EngineConfig {
     }
 }
 
+/// The settings as a chain (`EngineConfig::default().lease(..).claim_mode(..)`): each method sets
+/// the field of its name, and is named as the HTTP layer builder's setting of the same field.
 impl EngineConfig {
-    /// Sets [`EngineConfig::lease`].
-    pub fn with_lease(mut self, lease: Duration) -> Self {
+    /// Sets [`lease`](Self#structfield.lease).
+    pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
-    /// Sets [`EngineConfig::retention`].
-    pub fn with_retention(mut self, retention: Duration) -> Self {
+    /// Sets [`retention`](Self#structfield.retention).
+    pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
-    /// Sets [`EngineConfig::replay_policy`].
-    pub fn with_replay_policy(mut self, policy: ReplayPolicy) -> Self {
+    /// Sets [`replay_policy`](Self#structfield.replay_policy).
+    pub fn replay_policy(mut self, policy: ReplayPolicy) -> Self {
         self.replay_policy = policy;
         self
     }
-    /// Sets [`EngineConfig::in_flight_wait`].
-    pub fn with_in_flight_wait(mut self, wait: Duration) -> Self {
+    /// Sets [`in_flight_wait`](Self#structfield.in_flight_wait).
+    pub fn in_flight_wait(mut self, wait: Duration) -> Self {
         self.in_flight_wait = wait;
         self
     }
-    /// Sets [`EngineConfig::heartbeat`].
-    pub fn with_heartbeat(mut self, heartbeat: bool) -> Self {
+    /// Sets [`heartbeat`](Self#structfield.heartbeat).
+    pub fn heartbeat(mut self, heartbeat: bool) -> Self {
         self.heartbeat = heartbeat;
         self
     }
-    /// Sets [`EngineConfig::store_timeout`].
-    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+    /// Sets [`store_timeout`](Self#structfield.store_timeout).
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout;
         self
     }
-    /// Sets [`EngineConfig::claim_mode`].
-    pub fn with_claim_mode(mut self, mode: ClaimMode) -> Self {
+    /// Sets [`claim_mode`](Self#structfield.claim_mode).
+    pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
         self.claim_mode = mode;
         self
     }
-    /// Sets [`EngineConfig::new_keys_per_scope`]: at most `keys` new keys per scope per `per`.
-    pub fn with_new_keys_per_scope(mut self, keys: u32, per: Duration) -> Self {
+    /// Sets [`new_keys_per_scope`](Self#structfield.new_keys_per_scope): at most `keys` new keys per scope per `per`.
+    pub fn new_keys_per_scope(mut self, keys: u32, per: Duration) -> Self {
         self.new_keys_per_scope = Some(super::ScopeLimit { keys, per });
         self
     }
@@ -269,19 +271,14 @@ mod tests {
     /// length is fine.
     #[test]
     fn a_lease_shorter_than_three_store_timeouts_is_refused() {
-        let at = |lease: u64| EngineConfig::default().with_lease(Duration::from_secs(lease));
+        let at = |lease: u64| EngineConfig::default().lease(Duration::from_secs(lease));
         let refused = at(6).check().unwrap_err();
         assert!(refused.contains("at least 3 store timeouts"), "{refused}");
         assert!(at(14).check().is_err());
         assert!(at(15).check().is_ok());
         assert!(at(60).check().is_ok());
-        assert!(at(6).with_heartbeat(false).check().is_ok());
-        assert!(
-            at(6)
-                .with_store_timeout(Duration::from_secs(2))
-                .check()
-                .is_ok()
-        );
+        assert!(at(6).heartbeat(false).check().is_ok());
+        assert!(at(6).store_timeout(Duration::from_secs(2)).check().is_ok());
         let mut one_transaction = at(1);
         one_transaction.claim_mode = ClaimMode::OneTransaction;
         assert!(one_transaction.check().is_ok());

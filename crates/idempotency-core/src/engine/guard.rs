@@ -3,7 +3,7 @@
 
 use super::Shared;
 use super::heartbeat::Registration;
-use super::lease::Lease;
+use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::{retry_until, spawn_release};
@@ -19,7 +19,7 @@ pub use super::completion::{Completion, RollbackCause, Superseded};
 
 /// Proof that this request holds the claim on its key, from the claim until its outcome is
 /// stored. While it lives, a heartbeat extends the lease (when
-/// [`EngineConfig::heartbeat`](crate::EngineConfig::heartbeat) is on), so neither a slow
+/// [`EngineConfig::heartbeat`](crate::EngineConfig#structfield.heartbeat) is on), so neither a slow
 /// handler, nor a handler blocking its thread, nor a slow response body lets the lease run out.
 ///
 /// Hand the handler's response to [`Guard::complete`], or give the key back with
@@ -27,7 +27,7 @@ pub use super::completion::{Completion, RollbackCause, Superseded};
 /// its transaction and releases the key in the background; the lease is the last resort.
 pub struct Guard<S: IdempotencyStore + 'static> {
     shared: Arc<Shared<S>>,
-    lease: Lease,
+    lease: KeyClaim,
     /// Its place in the heartbeat schedule, until it stops.
     heartbeat: Option<Registration>,
     /// Registering started the engine's heartbeat driver on this thread.
@@ -73,7 +73,7 @@ impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
 }
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
-    pub(crate) fn new(shared: Arc<Shared<S>>, lease: Lease) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<S>>, lease: KeyClaim) -> Self {
         let (heartbeat, started_driver) = if shared.config.heartbeat {
             let (registration, started) = shared.heartbeats.register(&shared, &lease);
             (Some(registration), started)
@@ -103,7 +103,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// the key's lookup in `tx` is still on its way ([`StoreTransaction::settle`]).
     pub(crate) fn in_transaction(
         shared: Arc<Shared<S>>,
-        lease: Lease,
+        lease: KeyClaim,
         fingerprint: Fingerprint,
         tx: Box<dyn StoreTransaction>,
         speculative: bool,
@@ -135,7 +135,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     /// The claim as the handler sees it: key, scope, fencing token, whether it is still held.
-    pub fn lease(&self) -> &Lease {
+    pub fn claim(&self) -> &KeyClaim {
         &self.lease
     }
 

@@ -26,7 +26,7 @@
 //! which runs the heartbeat and takes the driver when it next parks.
 
 use super::Shared;
-use super::lease::Lease;
+use super::key_claim::KeyClaim;
 use super::timer::sleep_until;
 use crate::store::FenceOutcome;
 use crate::{ErrorChain, IdempotencyStore};
@@ -48,7 +48,7 @@ pub(crate) struct Registration {
 struct Waiting {
     due: Instant,
     seq: u64,
-    lease: Lease,
+    lease: KeyClaim,
 }
 
 /// The slots of the requests waiting for their first heartbeat, and the free ones.
@@ -113,7 +113,7 @@ impl Schedule {
     pub(crate) fn register<S: IdempotencyStore + 'static>(
         self: &Arc<Self>,
         shared: &Arc<Shared<S>>,
-        lease: &Lease,
+        lease: &KeyClaim,
     ) -> (Registration, bool) {
         debug_assert_eq!(period(lease.length()), self.period);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -175,7 +175,7 @@ impl Schedule {
     }
 
     /// Removes the registrations due at `now`; returns them and when the next one is due.
-    fn take_due(&self, now: Instant) -> (Vec<Lease>, Option<Instant>) {
+    fn take_due(&self, now: Instant) -> (Vec<KeyClaim>, Option<Instant>) {
         let mut slab = self.entries();
         let slab = &mut *slab;
         let (mut due, mut next) = (Vec::new(), None::<Instant>);
@@ -235,7 +235,7 @@ async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<S
 /// the lease ran out by this process's clock (the store's lease may still run: a store that
 /// was slow for a moment must not make the key lapse for good); only the store saying that the
 /// token no longer holds the claim marks the lease lost and ends the heartbeat.
-async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: Lease) {
+async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: KeyClaim) {
     let beat = period(lease.length());
     let mut said_lapsed = false;
     loop {

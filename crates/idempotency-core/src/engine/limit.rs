@@ -12,9 +12,9 @@ use tokio::time::Instant;
 
 const SHARDS: usize = 16;
 
-/// At most this many new keys per scope per window ([`EngineConfig::new_keys_per_scope`]).
+/// At most this many new keys per scope per window ([`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope)).
 ///
-/// [`EngineConfig::new_keys_per_scope`]: crate::EngineConfig::new_keys_per_scope
+/// [`EngineConfig::new_keys_per_scope`]: crate::EngineConfig#structfield.new_keys_per_scope
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScopeLimit {
     /// New keys a scope may start per window.

@@ -4,7 +4,7 @@
 //! - `config.rs`: [`EngineConfig`] and [`ReplayPolicy`];
 //! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
 //!   stored (in the request's transaction when the store offers one);
-//! - `lease.rs`: the [`Lease`] a handler sees; `heartbeat.rs`: what keeps it from running out;
+//! - `key_claim.rs`: the [`KeyClaim`] a handler sees; `heartbeat.rs`: what keeps it from running out;
 //! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
 
@@ -12,7 +12,7 @@ mod completion;
 mod config;
 mod guard;
 mod heartbeat;
-mod lease;
+mod key_claim;
 mod limit;
 mod one_transaction;
 mod opener;
@@ -23,9 +23,9 @@ mod timer;
 
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
-pub use lease::Lease;
+pub use key_claim::KeyClaim;
 #[cfg(feature = "axum")]
-pub use lease::LeaseRejection;
+pub use key_claim::KeyClaimRejection;
 pub use limit::ScopeLimit;
 
 use crate::store::StoreOp;
@@ -101,7 +101,7 @@ pub(crate) struct Shared<S> {
     pub(crate) heartbeats: Arc<heartbeat::Schedule>,
     /// The keys of the store-call metrics.
     metrics: store_metrics::StoreMetrics,
-    /// [`EngineConfig::new_keys_per_scope`], when set.
+    /// [`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope), when set.
     limiter: Option<limit::ScopeLimiter>,
 }
 
@@ -215,11 +215,11 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// - a live record with another fingerprint: [`Begin::Mismatch`] (whatever its state);
     /// - a completed record with this fingerprint: [`Begin::Replay`];
     /// - an in-flight record with this fingerprint: wait up to
-    ///   [`EngineConfig::in_flight_wait`] for it to finish (replay) or be released (proceed),
+    ///   [`EngineConfig::in_flight_wait`](crate::EngineConfig#structfield.in_flight_wait) for it to finish (replay) or be released (proceed),
     ///   then [`Begin::InFlight`].
     ///
     /// One store round trip when no waiting is configured. Each store call is bounded by
-    /// [`EngineConfig::store_timeout`]; waiting is not a store call. `Err` only when the store
+    /// [`EngineConfig::store_timeout`](crate::EngineConfig#structfield.store_timeout); waiting is not a store call. `Err` only when the store
     /// failed before anything showed that another request holds the key: once one did, a
     /// failure while waiting answers [`Begin::InFlight`], so a fail-open caller never runs a
     /// request that another one is running.
@@ -326,13 +326,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// A request that holds its key proceeds if its scope may start one more new key
-    /// ([`EngineConfig::new_keys_per_scope`]); otherwise it gives the key back (nothing ran)
+    /// ([`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope)); otherwise it gives the key back (nothing ran)
     /// and is refused with [`StoreError::ScopeFull`].
     async fn admitted(&self, guard: Guard<S>) -> Result<Begin<S>, StoreError> {
         let Some(limiter) = &self.shared.limiter else {
             return Ok(Begin::Proceed(guard));
         };
-        match limiter.admit(guard.lease().scope()) {
+        match limiter.admit(guard.claim().scope()) {
             // A speculative request's key may turn out used when its lookup is read: the
             // guard gives the charge back then.
             Ok(charge) => Ok(Begin::Proceed(guard.charged(charge))),
@@ -363,7 +363,7 @@ impl<S: IdempotencyStore> Shared<S> {
     /// Stores `response` for the claim of `lease` (one bounded store call).
     pub(crate) async fn complete(
         &self,
-        lease: &Lease,
+        lease: &KeyClaim,
         response: &StoredResponse,
     ) -> Result<FenceOutcome, StoreError> {
         let store = &self.store;
@@ -377,7 +377,7 @@ impl<S: IdempotencyStore> Shared<S> {
     }
 
     /// Extends the claim of `lease` by one lease (one bounded store call).
-    pub(crate) async fn extend(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
+    pub(crate) async fn extend(&self, lease: &KeyClaim) -> Result<FenceOutcome, StoreError> {
         let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
         self.call(
             StoreOp::Extend,
@@ -387,7 +387,7 @@ impl<S: IdempotencyStore> Shared<S> {
     }
 
     /// Releases the claim of `lease` (one bounded store call).
-    pub(crate) async fn release(&self, lease: &Lease) -> Result<FenceOutcome, StoreError> {
+    pub(crate) async fn release(&self, lease: &KeyClaim) -> Result<FenceOutcome, StoreError> {
         let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
         self.call(StoreOp::Release, self.store.release(scope, key, token))
             .await

@@ -2,7 +2,7 @@
 //! transaction, and nothing is written before the handler's own writes.
 
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
-use crate::engine::{Begin, ClaimMode, Guard, Lease};
+use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
 use crate::store::OneTransactionBegin;
 use crate::store::StoreOp;
 use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 /// that request holds no lease whose end could be told, and such handlers take milliseconds.
 pub(super) const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The length given to the [`Lease`] of a request in the one-transaction mode: its key is held
+/// The length given to the [`KeyClaim`] of a request in the one-transaction mode: its key is held
 /// by its open transaction, which has no end but its own, so the lease never runs out.
 const NO_LEASE_END: Duration = Duration::from_secs(30 * 365 * 86_400);
 
@@ -22,7 +22,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// [`Engine::begin`] in [`ClaimMode::OneTransaction`]: one round trip opens the request's
     /// transaction and reads the key in it; nothing is written before the handler's own writes.
     /// A duplicate finds the key's lock held (in flight) or its record (replay, or mismatch);
-    /// waiting for it follows [`EngineConfig::in_flight_wait`] as in the lease mode.
+    /// waiting for it follows [`EngineConfig::in_flight_wait`](crate::EngineConfig#structfield.in_flight_wait) as in the lease mode.
     pub(super) async fn begin_in_transaction(
         &self,
         scope: Scope,
@@ -76,7 +76,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 .await;
             let running = match begun {
                 Ok(OneTransactionBegin::Absent(tx)) => {
-                    let lease = Lease::new(scope, key, token, NO_LEASE_END, started);
+                    let lease = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
                     let guard = Guard::in_transaction(
                         Arc::clone(shared),
                         lease,

@@ -1,7 +1,7 @@
 //! Opening a request's transaction, on first use.
 
 use super::Shared;
-use super::lease::Lease;
+use super::key_claim::KeyClaim;
 use crate::IdempotencyStore;
 use crate::store::StoreOp;
 use crate::transaction::{OpenFuture, Opener, TransactionError};
@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// Opens a claim's transaction on first use.
 pub(crate) struct TxOpener<S> {
     pub(crate) shared: Arc<Shared<S>>,
-    pub(crate) lease: Lease,
+    pub(crate) lease: KeyClaim,
 }
 
 impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
@@ -27,7 +27,12 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
                 .shared
                 .call(
                     StoreOp::BeginTransaction,
-                    store.begin_transaction(lease.scope(), lease.key(), lease.token()),
+                    store.begin_transaction(
+                        lease.scope(),
+                        lease.key(),
+                        lease.token(),
+                        self.shared.config.lease,
+                    ),
                 )
                 .await;
             match begun {

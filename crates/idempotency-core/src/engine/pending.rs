@@ -1,7 +1,7 @@
 //! A claim sent to the store whose answer the request has not taken yet, released in the
 //! background if `begin` ends without one.
 
-use super::lease::Lease;
+use super::key_claim::KeyClaim;
 use super::retry::spawn_release;
 use super::{Guard, Shared};
 use crate::{IdempotencyKey, IdempotencyStore, LeaseToken, Scope};
@@ -27,10 +27,10 @@ impl<S: IdempotencyStore + 'static> PendingClaim<'_, S> {
     }
 
     /// The lease of the claim last sent.
-    fn lease(&mut self) -> Option<Lease> {
+    fn lease(&mut self) -> Option<KeyClaim> {
         let (scope, key, token) = self.claim.take()?;
         let length = self.shared.config.lease;
-        Some(Lease::new(scope, key, token, length, self.sent_at))
+        Some(KeyClaim::new(scope, key, token, length, self.sent_at))
     }
 
     /// The store gave us the key: the guard takes over the claim.

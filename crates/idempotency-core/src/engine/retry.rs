@@ -2,7 +2,7 @@
 //! nobody holds is given back, a response whose handler ran is stored.
 
 use super::Shared;
-use super::lease::Lease;
+use super::key_claim::KeyClaim;
 use crate::store::FenceOutcome;
 use crate::{ErrorChain, IdempotencyStore, StoreError};
 use std::future::Future;
@@ -38,7 +38,7 @@ where
 /// request's claim. Needs a Tokio runtime; without one the key frees when its lease runs out.
 pub(crate) fn spawn_release<S: IdempotencyStore + 'static>(
     shared: Arc<Shared<S>>,
-    lease: Lease,
+    lease: KeyClaim,
     why: &'static str,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {

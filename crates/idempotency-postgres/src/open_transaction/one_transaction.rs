@@ -2,7 +2,7 @@
 //! (waited for, or queued and settled later in the speculative mode), and the completed
 //! record inserted with `COMMIT`.
 
-use super::{OpenTransaction, PgTransaction, commit_error};
+use super::{OpenTransaction, PgTransaction, commit_error, idle_limit_ms};
 use crate::driver::{
     DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
@@ -146,14 +146,6 @@ impl<D: Driver> OpenTransaction<D> {
             Err(error) => Err(commit_error(error)),
         }
     }
-}
-
-/// `hold` as the server's `idle_in_transaction_session_timeout`, in whole milliseconds: at least
-/// 1 (0 would turn the bound off) and at most what the setting takes (`i32::MAX`, 24.8 days).
-fn idle_limit_ms(hold: Duration) -> i64 {
-    i64::try_from(hold.as_millis())
-        .unwrap_or(i64::MAX)
-        .clamp(1, i64::from(i32::MAX))
 }
 
 impl<D: Driver> StoreCore<D> {

@@ -19,10 +19,10 @@ const FINISHED: u8 = 2;
 ///
 /// ```
 /// # async fn charge(amount: u64) -> Result<(), ()> { Ok(()) }
-/// # async fn handler(lease: idempotency_core::Lease) -> Result<(), &'static str> {
+/// # async fn handler(claim: idempotency_core::KeyClaim) -> Result<(), &'static str> {
 /// tokio::select! {
 ///     result = charge(100) => result.map_err(|()| "charge failed"),
-///     () = lease.lost() => Err("lease lost: another request may run this one"),
+///     () = claim.lost() => Err("lease lost: another request may run this one"),
 /// }
 /// # }
 /// ```
@@ -30,7 +30,7 @@ const FINISHED: u8 = 2;
 /// A lease is lost when the store says another request took the key over, or when it ran out
 /// by this process's clock because the heartbeat could not extend it (or is turned off).
 #[derive(Clone)]
-pub struct Lease(Arc<State>);
+pub struct KeyClaim(Arc<State>);
 
 struct State {
     scope: Scope,
@@ -52,7 +52,7 @@ struct State {
     changed: Notify,
 }
 
-impl Lease {
+impl KeyClaim {
     /// A lease on `(scope, key)` for `token`, whose claim was sent at `claimed_at`.
     pub(crate) fn new(
         scope: Scope,
@@ -61,7 +61,7 @@ impl Lease {
         length: Duration,
         claimed_at: Instant,
     ) -> Self {
-        Lease(Arc::new(State {
+        KeyClaim(Arc::new(State {
             scope,
             key,
             token,
@@ -220,9 +220,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl fmt::Debug for Lease {
+impl fmt::Debug for KeyClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lease")
+        f.debug_struct("KeyClaim")
             .field("scope", &self.0.scope)
             .field("key", &self.0.key)
             .field("token", &self.0.token)
@@ -231,36 +231,36 @@ impl fmt::Debug for Lease {
     }
 }
 
-/// `Lease` as an axum extractor (feature `axum`): a handler takes `lease: Lease`, or
-/// `Option<Lease>` on routes that may not be covered.
+/// `KeyClaim` as an axum extractor (feature `axum`): a handler takes `claim: KeyClaim`, or
+/// `Option<KeyClaim>` on routes that may not be covered.
 #[cfg(feature = "axum")]
 mod extract {
-    use super::Lease;
+    use super::KeyClaim;
     use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
     use axum_core::response::{IntoResponse, Response};
     use http::request::Parts;
     use http::{HeaderValue, StatusCode, header};
 
-    /// The request has no [`Lease`]: the idempotency layer does not cover it (a method, route or
+    /// The request has no [`KeyClaim`]: the idempotency layer does not cover it (a method, route or
     /// request without a key). Answers 500 problem+json: a handler that needs its lease is on a
     /// route the layer must cover.
     #[derive(Clone, Copy, Debug)]
-    pub struct LeaseRejection;
+    pub struct KeyClaimRejection;
 
-    impl std::fmt::Display for LeaseRejection {
+    impl std::fmt::Display for KeyClaimRejection {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str(
-                "this request has no idempotency lease: the idempotency layer does not cover it",
+                "this request has no idempotency claim: the idempotency layer does not cover it",
             )
         }
     }
 
-    impl std::error::Error for LeaseRejection {}
+    impl std::error::Error for KeyClaimRejection {}
 
-    impl IntoResponse for LeaseRejection {
+    impl IntoResponse for KeyClaimRejection {
         fn into_response(self) -> Response {
             let body = format!(
-                "{{\"type\":\"urn:idempotency:problem:lease-unavailable\",\"title\":\"The request has no idempotency lease\",\"status\":500,\"detail\":\"{self}.\",\"code\":\"idempotency_lease_unavailable\"}}"
+                "{{\"type\":\"urn:idempotency:problem:claim-unavailable\",\"title\":\"The request has no idempotency claim\",\"status\":500,\"detail\":\"{self}.\",\"code\":\"idempotency_claim_unavailable\"}}"
             );
             let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
             response.headers_mut().insert(
@@ -271,29 +271,29 @@ mod extract {
         }
     }
 
-    impl<S: Send + Sync> FromRequestParts<S> for Lease {
-        type Rejection = LeaseRejection;
+    impl<S: Send + Sync> FromRequestParts<S> for KeyClaim {
+        type Rejection = KeyClaimRejection;
 
-        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, LeaseRejection> {
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, KeyClaimRejection> {
             parts
                 .extensions
-                .get::<Lease>()
+                .get::<KeyClaim>()
                 .cloned()
-                .ok_or(LeaseRejection)
+                .ok_or(KeyClaimRejection)
         }
     }
 
-    impl<S: Send + Sync> OptionalFromRequestParts<S> for Lease {
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for KeyClaim {
         type Rejection = std::convert::Infallible;
 
         async fn from_request_parts(
             parts: &mut Parts,
             _: &S,
         ) -> Result<Option<Self>, std::convert::Infallible> {
-            Ok(parts.extensions.get::<Lease>().cloned())
+            Ok(parts.extensions.get::<KeyClaim>().cloned())
         }
     }
 }
 
 #[cfg(feature = "axum")]
-pub use extract::LeaseRejection;
+pub use extract::KeyClaimRejection;
