@@ -5,6 +5,7 @@ mod error;
 mod fingerprint;
 mod json;
 mod key;
+pub mod monitoring;
 pub mod once;
 mod record;
 mod redact;

@@ -187,10 +187,12 @@ pub trait IdempotencyStore: Send + Sync {
     }
 
     /// Checks now whether the store lost its records since the last check (its sentinel is
-    /// gone), counting a loss in [`state_losses`](IdempotencyStore::state_losses); `Ok(true)`
-    /// when nothing was lost. One round trip on PostgreSQL and Redis; `Ok(true)` by default.
+    /// gone), counting a loss in [`state_losses`](IdempotencyStore::state_losses) and restoring
+    /// the sentinel: `Ok(true)` when a loss was found, `Ok(false)` when nothing was lost. One
+    /// round trip on PostgreSQL and Redis; `Ok(false)` by default, for a store that cannot lose
+    /// its records without losing the process.
     async fn check_state(&self) -> Result<bool, StoreError> {
-        Ok(true)
+        Ok(false)
     }
 }
 

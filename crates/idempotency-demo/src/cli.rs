@@ -98,16 +98,18 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         },
         table_mode: args.table_mode,
     };
+    let metrics = crate::install_metrics()?;
     let app = crate::build_app_with(&args.store, &options)
         .await
         .map_err(|e| idempotency::ErrorChain(&e).to_string())?;
+    let router = app.router.merge(crate::metrics_route(metrics));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let scheme_only = args.store.split("://").next().unwrap_or("memory");
     tracing::info!(
         "listening on http://{} (store: {scheme_only})",
         listener.local_addr()?
     );
-    axum::serve(listener, app.router)
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     // The server has answered every connection it had; handlers whose client left run on

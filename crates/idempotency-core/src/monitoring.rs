@@ -1,0 +1,272 @@
+//! What the people who run a service on this library watch: the readiness probe of its store,
+//! and the buckets that suit the store-latency histogram.
+//!
+//! ## Readiness: may this instance take requests now?
+//!
+//! A liveness probe must not touch the store (a store outage would restart every instance at
+//! once, and restarting cures nothing); a readiness probe should, so that a load balancer stops
+//! sending covered requests to an instance that would answer them all `503`. [`readiness`] is
+//! the probe: one bounded round trip ([`IdempotencyStore::check_state`]), which also notices a
+//! store that lost its records (an UNLOGGED table emptied by a crash, Redis restarted without
+//! persistence) and counts the loss in `idempotency_store_state_lost_total`.
+//!
+//! In an axum app (the store an `Arc<dyn IdempotencyStore>` or any clonable store):
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use std::time::Duration;
+//! # fn app(store: Arc<dyn idempotency_core::IdempotencyStore>) -> axum::Router {
+//! use axum::{Router, http::StatusCode, routing::get};
+//!
+//! Router::new()
+//!     .route("/health/live", get(|| async { "live" }))
+//!     .route("/health/ready", get(move || {
+//!         let store = store.clone();
+//!         async move {
+//!             let readiness = idempotency_core::monitoring::readiness(&*store, Duration::from_secs(2)).await;
+//!             let status = if readiness.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+//!             (status, readiness.to_string())
+//!         }
+//!     }))
+//! # }
+//! ```
+
+use crate::{IdempotencyStore, StoreError};
+
+/// Upper bounds (seconds) for `idempotency_store_duration_seconds`: from half a millisecond (a
+/// replay on a local Redis) to the default store timeout (5 s) and past it, so both the usual
+/// latencies and the calls that time out land in buckets of their own. For
+/// `metrics-exporter-prometheus`:
+/// `PrometheusBuilder::new().set_buckets_for_metric(Matcher::Full("idempotency_store_duration_seconds".into()), STORE_DURATION_BUCKETS)`.
+pub const STORE_DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The name of the store-latency histogram, as the engine records it.
+pub const STORE_DURATION_METRIC: &str = "idempotency_store_duration_seconds";
+use std::fmt;
+use std::time::Duration;
+
+/// The store's answer to a readiness probe.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Readiness {
+    /// The store answered and holds its records.
+    Ready,
+    /// The store answered, and had lost its records since it was last checked: keys completed
+    /// before the loss run again if retried (the loss is counted, logged as an error, and its
+    /// marker restored, so the next probe is ready again). Not ready for this probe, so that the
+    /// loss shows where instances are watched, besides its metric and its log line.
+    StateLost,
+    /// The store did not answer within the probe's bound, or answered with an error: covered
+    /// requests would be answered `503` (or run without protection, with `fail_open`).
+    Unavailable(StoreError),
+}
+
+impl Readiness {
+    /// Whether the instance may take requests: only [`Readiness::Ready`].
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready)
+    }
+}
+
+impl fmt::Display for Readiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Readiness::Ready => f.write_str("ready"),
+            Readiness::StateLost => f.write_str(
+                "not ready: the idempotency store had lost its records (counted in \
+                 idempotency_store_state_lost_total); it is checked again at the next probe",
+            ),
+            Readiness::Unavailable(error) => {
+                let chain = crate::ErrorChain(error);
+                write!(
+                    f,
+                    "not ready: the idempotency store is unavailable: {chain}"
+                )
+            }
+        }
+    }
+}
+
+/// Asks `store` whether it answers and still holds its records, within `within`: one round
+/// trip on PostgreSQL and Redis, nothing on the memory store. A store that does not answer in
+/// time is [`Readiness::Unavailable`] with [`StoreError::Timeout`].
+pub async fn readiness<S: IdempotencyStore + ?Sized>(store: &S, within: Duration) -> Readiness {
+    match tokio::time::timeout(within, store.check_state()).await {
+        Ok(Ok(false)) => Readiness::Ready,
+        Ok(Ok(true)) => Readiness::StateLost,
+        Ok(Err(error)) => Readiness::Unavailable(error),
+        Err(_) => Readiness::Unavailable(StoreError::Timeout {
+            backend: store.backend(),
+            timeout: within,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
+    use crate::{IdempotencyKey, Scope, StoredResponse};
+
+    /// A store whose `check_state` answers what it is told, after `delay`.
+    struct Probe {
+        answer: fn() -> Result<bool, StoreError>,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl IdempotencyStore for Probe {
+        fn backend(&self) -> &'static str {
+            "probe"
+        }
+        async fn claim(
+            &self,
+            _: &Scope,
+            _: &IdempotencyKey,
+            _: &Fingerprint,
+            _: LeaseToken,
+            _: Duration,
+        ) -> Result<ClaimOutcome, StoreError> {
+            Ok(ClaimOutcome::Claimed)
+        }
+        async fn complete(
+            &self,
+            _: &Scope,
+            _: &IdempotencyKey,
+            _: LeaseToken,
+            _: &StoredResponse,
+            _: Duration,
+        ) -> Result<FenceOutcome, StoreError> {
+            Ok(FenceOutcome::Applied)
+        }
+        async fn extend(
+            &self,
+            _: &Scope,
+            _: &IdempotencyKey,
+            _: LeaseToken,
+            _: Duration,
+        ) -> Result<FenceOutcome, StoreError> {
+            Ok(FenceOutcome::Applied)
+        }
+        async fn release(
+            &self,
+            _: &Scope,
+            _: &IdempotencyKey,
+            _: LeaseToken,
+        ) -> Result<FenceOutcome, StoreError> {
+            Ok(FenceOutcome::Applied)
+        }
+        async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+            Ok(None)
+        }
+        async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+        async fn check_state(&self) -> Result<bool, StoreError> {
+            tokio::time::sleep(self.delay).await;
+            (self.answer)()
+        }
+    }
+
+    fn probe(answer: fn() -> Result<bool, StoreError>, delay: Duration) -> Probe {
+        Probe { answer, delay }
+    }
+
+    #[tokio::test]
+    async fn each_answer_of_the_store_is_its_readiness() {
+        let within = Duration::from_millis(200);
+        let ready = readiness(&probe(|| Ok(false), Duration::ZERO), within).await;
+        assert!(ready.is_ready(), "{ready}");
+        assert_eq!(ready.to_string(), "ready");
+        let lost = readiness(&probe(|| Ok(true), Duration::ZERO), within).await;
+        assert!(matches!(lost, Readiness::StateLost), "{lost}");
+        let down = readiness(
+            &probe(
+                || {
+                    Err(StoreError::Unavailable {
+                        backend: "probe",
+                        source: "connection refused".into(),
+                    })
+                },
+                Duration::ZERO,
+            ),
+            within,
+        )
+        .await;
+        assert!(!down.is_ready());
+        assert!(down.to_string().contains("connection refused"), "{down}");
+    }
+
+    #[tokio::test]
+    async fn a_store_that_does_not_answer_in_time_is_unavailable() {
+        let slow = probe(|| Ok(false), Duration::from_secs(60));
+        let answer = readiness(&slow, Duration::from_millis(50)).await;
+        assert!(
+            matches!(answer, Readiness::Unavailable(StoreError::Timeout { timeout, .. }) if timeout == Duration::from_millis(50)),
+            "{answer}"
+        );
+    }
+
+    /// A store that implements no `check_state` (it cannot lose its records) is ready.
+    #[tokio::test]
+    async fn a_store_without_a_sentinel_is_ready() {
+        struct Plain(Probe);
+        #[async_trait::async_trait]
+        impl IdempotencyStore for Plain {
+            fn backend(&self) -> &'static str {
+                "plain"
+            }
+            async fn claim(
+                &self,
+                s: &Scope,
+                k: &IdempotencyKey,
+                f: &Fingerprint,
+                t: LeaseToken,
+                l: Duration,
+            ) -> Result<ClaimOutcome, StoreError> {
+                self.0.claim(s, k, f, t, l).await
+            }
+            async fn complete(
+                &self,
+                s: &Scope,
+                k: &IdempotencyKey,
+                t: LeaseToken,
+                r: &StoredResponse,
+                d: Duration,
+            ) -> Result<FenceOutcome, StoreError> {
+                self.0.complete(s, k, t, r, d).await
+            }
+            async fn extend(
+                &self,
+                s: &Scope,
+                k: &IdempotencyKey,
+                t: LeaseToken,
+                d: Duration,
+            ) -> Result<FenceOutcome, StoreError> {
+                self.0.extend(s, k, t, d).await
+            }
+            async fn release(
+                &self,
+                s: &Scope,
+                k: &IdempotencyKey,
+                t: LeaseToken,
+            ) -> Result<FenceOutcome, StoreError> {
+                self.0.release(s, k, t).await
+            }
+            async fn get(
+                &self,
+                s: &Scope,
+                k: &IdempotencyKey,
+            ) -> Result<Option<Record>, StoreError> {
+                self.0.get(s, k).await
+            }
+            async fn purge_expired(&self, n: usize) -> Result<u64, StoreError> {
+                self.0.purge_expired(n).await
+            }
+        }
+        let plain = Plain(probe(|| Ok(true), Duration::ZERO));
+        assert!(readiness(&plain, Duration::from_secs(1)).await.is_ready());
+    }
+}
