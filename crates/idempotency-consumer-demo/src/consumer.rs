@@ -91,6 +91,9 @@ pub enum ConsumerError {
     /// The broker failed.
     #[error("RabbitMQ failed")]
     Broker(#[from] lapin::Error),
+    /// The operations endpoints (`--ops-listen`) could not listen.
+    #[error("could not serve the operations endpoints")]
+    Operations(#[source] std::io::Error),
 }
 
 /// What became of one delivery.
@@ -320,6 +323,11 @@ impl Consumer {
             channel,
             config,
         })
+    }
+
+    /// The store its engine runs on (for a readiness probe).
+    pub fn store(&self) -> &PostgresStore {
+        self.engine.store()
     }
 
     /// Consumes until SIGINT/SIGTERM or, with [`ConsumerConfig::exit_when_idle`], until the

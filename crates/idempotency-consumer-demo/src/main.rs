@@ -2,8 +2,10 @@
 //! PostgreSQL (see the crate docs).
 
 use clap::Parser;
-use idempotency_consumer_demo::{Consumer, ConsumerConfig};
+use idempotency::IdempotencyStore;
+use idempotency_consumer_demo::{Consumer, ConsumerConfig, ConsumerError};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Consumes "create task" messages (JSON `{"user": .., "title": ..}`, the key in the
@@ -45,6 +47,10 @@ struct Args {
     /// serialization failure) dead-letters it instead of requeuing it again.
     #[arg(long, default_value_t = idempotency_consumer_demo::DEFAULT_DELIVERY_LIMIT)]
     delivery_limit: u32,
+    /// Serve `GET /metrics`, `/health/live` and `/health/ready` on this address (port 0: any
+    /// free port); its first stdout line then says where: `operations on http://ADDR`.
+    #[arg(long, value_name = "ADDR")]
+    ops_listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -68,7 +74,37 @@ async fn main() -> ExitCode {
     };
     config.hold_ack = Duration::from_millis(args.hold_ack_ms);
     config.delivery_limit = args.delivery_limit;
-    let run = async { Consumer::connect(config).await?.run().await };
+    let metrics = match args
+        .ops_listen
+        .map(|_| idempotency_demo::operations::install_metrics())
+    {
+        None => None,
+        Some(Ok(handle)) => Some(handle),
+        Some(Err(error)) => {
+            eprintln!("tasks-consumer: the metrics recorder: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = async {
+        let consumer = Consumer::connect(config).await?;
+        if let (Some(addr), Some(metrics)) = (args.ops_listen, metrics) {
+            let store: Arc<dyn IdempotencyStore> = Arc::new(consumer.store().clone());
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(ConsumerError::Operations)?;
+            println!(
+                "operations on http://{}",
+                listener.local_addr().map_err(ConsumerError::Operations)?
+            );
+            let routes = idempotency_demo::operations::routes(store, metrics);
+            tokio::spawn(async move {
+                if let Err(error) = axum::serve(listener, routes).await {
+                    tracing::error!(%error, "the operations endpoints stopped");
+                }
+            });
+        }
+        consumer.run().await
+    };
     match run.await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -359,3 +359,67 @@ async fn a_message_that_always_fails_is_dead_lettered_at_the_delivery_limit() {
     broker.delete().await;
     db.drop().await;
 }
+
+/// `GET http://{addr}{path}`: its status and body.
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let uri: hyper::Uri = format!("http://{addr}{path}").parse().expect("uri");
+    let response = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
+        .await
+        .expect("answered within 5 s")
+        .expect("GET");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_endpoints_show_what_the_consumer_did() {
+    let (broker, db) = (Broker::new().await, Database::create().await);
+    let body = task("ada", "Scraped");
+    broker
+        .publish_many(vec![(Some("m-1"), body.as_slice()); 2])
+        .await;
+    let consumer = ConsumerProcess::start(&broker, &db, &["--ops-listen", "127.0.0.1:0"]);
+    consumer
+        .wait_for(Duration::from_secs(60), "both deliveries", |lines| {
+            lines.iter().any(|l| l.starts_with("ran m-1 "))
+                && lines.iter().any(|l| l.starts_with("replayed m-1 "))
+        })
+        .await;
+    let lines = consumer.lines();
+    let addr = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("operations on http://"))
+        .unwrap_or_else(|| panic!("no operations line: {lines:?}"))
+        .to_owned();
+    let (status, metrics) = get(&addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"idempotency_completions_total{result="stored"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("idempotency_store_duration_seconds_bucket{")),
+        "{metrics}"
+    );
+    assert_eq!(get(&addr, "/health/live").await, (200, "live\n".to_owned()));
+    assert_eq!(
+        get(&addr, "/health/ready").await,
+        (200, "ready\n".to_owned())
+    );
+    consumer.kill().await;
+    broker.delete().await;
+    db.drop().await;
+}

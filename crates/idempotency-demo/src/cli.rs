@@ -98,11 +98,11 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
         },
         table_mode: args.table_mode,
     };
-    let metrics = crate::install_metrics()?;
+    let metrics = crate::operations::install_metrics()?;
     let app = crate::build_app_with(&args.store, &options)
         .await
         .map_err(|e| idempotency::ErrorChain(&e).to_string())?;
-    let router = app.router.merge(crate::metrics_route(metrics));
+    let router = app.router.merge(crate::operations::metrics_route(metrics));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let scheme_only = args.store.split("://").next().unwrap_or("memory");
     tracing::info!(

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod cli;
+pub mod operations;
 pub mod tasks;
 
 use axum::extract::{Path, Request, State};
@@ -35,7 +36,6 @@ use idempotency::{
     ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope,
     TableMode, Tx,
 };
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,76 +205,8 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .layer(middleware::from_fn(authenticate))
         .with_state(tasks)
         // Outside authentication and the idempotency layer: probes carry no user and no key.
-        .merge(health_routes(probe));
+        .merge(operations::health_routes(probe));
     App { router, drain }
-}
-
-/// How long the readiness probe waits for the store.
-const READINESS_WITHIN: Duration = Duration::from_secs(2);
-
-/// `GET /health/live` (never touches the store: a store outage must not restart every
-/// instance) and `GET /health/ready` (`503` while the store does not answer, or on the probe
-/// that finds it lost its records; see `idempotency::monitoring`).
-fn health_routes(store: Arc<dyn IdempotencyStore>) -> Router {
-    Router::new()
-        .route("/health/live", get(|| async { "live\n" }))
-        .route(
-            "/health/ready",
-            get(move || {
-                let store = store.clone();
-                async move {
-                    let readiness =
-                        idempotency::monitoring::readiness(&*store, READINESS_WITHIN).await;
-                    let status = if readiness.is_ready() {
-                        StatusCode::OK
-                    } else {
-                        tracing::warn!(%readiness, "readiness probe failed");
-                        StatusCode::SERVICE_UNAVAILABLE
-                    };
-                    (status, format!("{readiness}\n"))
-                }
-            }),
-        )
-}
-
-/// The process's metrics recorder, in the Prometheus text format: installs it (once per
-/// process) with [`STORE_DURATION_BUCKETS`](idempotency::monitoring::STORE_DURATION_BUCKETS) for
-/// the store-latency histogram, and keeps its histograms drained in the background.
-pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(idempotency::monitoring::STORE_DURATION_METRIC.into()),
-            idempotency::monitoring::STORE_DURATION_BUCKETS,
-        )?
-        .install_recorder()?;
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            every.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(handle)
-}
-
-/// `GET /metrics`: what `handle` recorded, in the Prometheus text format.
-pub fn metrics_route(handle: PrometheusHandle) -> Router {
-    Router::new().route(
-        "/metrics",
-        get(move || {
-            let body = handle.render();
-            async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; version=0.0.4"),
-                    )],
-                    body,
-                )
-            }
-        }),
-    )
 }
 
 /// An RFC 9457 problem response.
