@@ -5,7 +5,9 @@
 #   - RabbitMQ at IDEMPOTENCY_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f), for
 #     the idempotent-consumer tests
 #   - for the tests that start throwaway servers: PostgreSQL's server binaries with pg_cron,
-#     pgbouncer, redis-server and redis-cli, psql and pg_dump, setpriv.
+#     pgbouncer, redis-server and redis-cli, psql and pg_dump, setpriv;
+#   - promtool (Debian's prometheus package; this script does not start its server), for the tests of the
+#     shipped alerting rules.
 #
 # It first checks. If everything answers, it changes nothing. Only when something is missing, and
 # only with CI set (the CI machine) or `--install` given, it installs Debian packages (as root)
@@ -66,6 +68,7 @@ if [ -n "$PG_BIN" ]; then
 fi
 command -v psql >/dev/null && command -v pg_dump >/dev/null || apt_install postgresql-client || true
 command -v pgbouncer >/dev/null || apt_install pgbouncer || true
+command -v promtool >/dev/null || apt_install --no-install-recommends prometheus || true
 command -v setpriv >/dev/null || apt_install util-linux || true
 [ -x /bin/kill ] || [ -x /usr/bin/kill ] || apt_install procps || true
 { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; } || apt_install redis-server redis-tools || true

@@ -170,3 +170,128 @@ async fn readiness_follows_the_store_and_liveness_does_not() {
     eprintln!("ready again {after:?} after the store restarted");
     assert_eq!(create_task(&client, demo.addr()).await, StatusCode::CREATED);
 }
+
+/// A file of the repository's `ops/` folder (the shipped rules and dashboard).
+fn ops_file(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ops")
+        .join(path)
+}
+
+/// Runs `promtool` with `args`; panics with its output when it fails.
+fn promtool(args: &[&std::ffi::OsStr]) {
+    let output = std::process::Command::new("promtool")
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| {
+            panic!(
+                "promtool could not run ({error}): install Debian's `prometheus` package \
+                 (`scripts/services.sh --install` does)"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The dashboard's queries, with its `$job` variable as a regex matching every job.
+fn dashboard_queries() -> Vec<String> {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(ops_file("grafana/idempotency.json")).unwrap(),
+    )
+    .unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queries.push(target["expr"].as_str().unwrap().replace("$job", ".*"));
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_shipped_rules_pass_their_promtool_tests() {
+    let tests = ops_file("prometheus/idempotency.rules.test.yml");
+    promtool(&["test".as_ref(), "rules".as_ref(), tests.as_os_str()]);
+}
+
+/// Every query of the dashboard is valid PromQL: each becomes a recording rule of a throwaway
+/// rules file, which `promtool check rules` parses.
+#[test]
+fn the_dashboard_s_queries_are_valid_promql() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 9, "{queries:?}");
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, query) in queries.iter().enumerate() {
+        rules.push_str(&format!(
+            "      - record: dashboard:query{i}\n        expr: {}\n",
+            serde_json::Value::String(query.clone())
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard.rules.yml");
+    std::fs::write(&file, rules).unwrap();
+    promtool(&["check".as_ref(), "rules".as_ref(), file.as_os_str()]);
+}
+
+/// The metric names a rules file or a dashboard names: `idempotency_...` words (recording
+/// rules' own names, `idempotency:...`, are not metrics).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("idempotency_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        // Only a whole word: not the end of another name.
+        let whole = at == 0 || !rest.as_bytes()[at - 1].is_ascii_alphanumeric();
+        if whole {
+            names.insert(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Every series the shipped rules and the dashboard name is exported by the demo after a short
+/// run, on the PostgreSQL store (state-loss and purge series included), so renaming a metric
+/// breaks this test rather than the alerts and the panels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_series_the_rules_and_the_dashboard_name_is_exported_by_the_demo() {
+    let rules = std::fs::read_to_string(ops_file("prometheus/idempotency.rules.yml")).unwrap();
+    let mut named = metric_names(&rules);
+    assert!(named.len() >= 6, "{named:?}");
+    let from_dashboard = metric_names(&dashboard_queries().join("\n"));
+    assert!(from_dashboard.len() >= 6, "{from_dashboard:?}");
+    named.extend(from_dashboard);
+    let pg = TempPostgres::start(&[]).unwrap();
+    let url = pg.url("postgres");
+    let demo = DemoProcess::start(
+        env!("CARGO_BIN_EXE_demo-server"),
+        &["--store", url.as_str()],
+        &[],
+    )
+    .await;
+    let client = client();
+    assert_eq!(create_task(&client, demo.addr()).await, StatusCode::CREATED);
+    let (status, metrics) = get(&client, demo.addr(), "/metrics").await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let exported: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|name| !exported.contains(name.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the rules or the dashboard name series the demo does not export: {missing:?}\n\
+         exported: {exported:?}"
+    );
+}

@@ -13,6 +13,8 @@ mod response;
 mod scope;
 mod state_loss;
 pub mod store;
+#[cfg(test)]
+mod test_store;
 mod transaction;
 
 #[cfg(feature = "axum")]

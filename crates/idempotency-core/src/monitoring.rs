@@ -108,70 +108,15 @@ pub async fn readiness<S: IdempotencyStore + ?Sized>(store: &S, within: Duration
 mod tests {
     use super::*;
     use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
+    use crate::test_store::Probe;
     use crate::{IdempotencyKey, Scope, StoredResponse};
 
-    /// A store whose `check_state` answers what it is told, after `delay`.
-    struct Probe {
-        answer: fn() -> Result<bool, StoreError>,
-        delay: Duration,
-    }
-
-    #[async_trait::async_trait]
-    impl IdempotencyStore for Probe {
-        fn backend(&self) -> &'static str {
-            "probe"
-        }
-        async fn claim(
-            &self,
-            _: &Scope,
-            _: &IdempotencyKey,
-            _: &Fingerprint,
-            _: LeaseToken,
-            _: Duration,
-        ) -> Result<ClaimOutcome, StoreError> {
-            Ok(ClaimOutcome::Claimed)
-        }
-        async fn complete(
-            &self,
-            _: &Scope,
-            _: &IdempotencyKey,
-            _: LeaseToken,
-            _: &StoredResponse,
-            _: Duration,
-        ) -> Result<FenceOutcome, StoreError> {
-            Ok(FenceOutcome::Applied)
-        }
-        async fn extend(
-            &self,
-            _: &Scope,
-            _: &IdempotencyKey,
-            _: LeaseToken,
-            _: Duration,
-        ) -> Result<FenceOutcome, StoreError> {
-            Ok(FenceOutcome::Applied)
-        }
-        async fn release(
-            &self,
-            _: &Scope,
-            _: &IdempotencyKey,
-            _: LeaseToken,
-        ) -> Result<FenceOutcome, StoreError> {
-            Ok(FenceOutcome::Applied)
-        }
-        async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-            Ok(None)
-        }
-        async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
-            Ok(0)
-        }
-        async fn check_state(&self) -> Result<bool, StoreError> {
-            tokio::time::sleep(self.delay).await;
-            (self.answer)()
-        }
-    }
-
     fn probe(answer: fn() -> Result<bool, StoreError>, delay: Duration) -> Probe {
-        Probe { answer, delay }
+        Probe {
+            answer,
+            delay,
+            ..Probe::default()
+        }
     }
 
     #[tokio::test]

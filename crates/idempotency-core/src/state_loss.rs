@@ -17,6 +17,14 @@ impl StateLoss {
     /// The counter's name.
     pub const METRIC: &'static str = "idempotency_store_state_lost_total";
 
+    /// A count of `backend`'s losses, starting at zero, with its series exported at zero from
+    /// now on (so a dashboard and `increase()` see it before the first loss, and a renamed
+    /// metric is noticed by the check of the shipped rules against the real endpoint).
+    pub fn watching(backend: &'static str) -> Self {
+        metrics::counter!(Self::METRIC, "backend" => backend).increment(0);
+        StateLoss::default()
+    }
+
     /// The sentinel of `backend` at `place` (a table, a key prefix) was gone; `how` says what can
     /// empty this store.
     pub fn found(&self, backend: &'static str, place: &str, how: &'static str) {

@@ -19,7 +19,7 @@ impl Sentinel {
         Sentinel {
             sentinel: sentinel_sql(name),
             table: name.qualified(),
-            losses: StateLoss::default(),
+            losses: StateLoss::watching(BACKEND),
         }
     }
 

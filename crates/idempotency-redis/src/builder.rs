@@ -2,7 +2,7 @@
 
 use crate::DEFAULT_PREFIX;
 use crate::connection::Connection;
-use crate::error::RedisStoreError;
+use crate::error::{BACKEND, RedisStoreError};
 use crate::store::{Inner, RedisStore, ReplicaWait};
 use crate::{eviction, sentinel};
 use idempotency_core::store::StateLoss;
@@ -260,7 +260,7 @@ impl RedisStoreBuilder {
                 sentinels: std::sync::Mutex::new(sentinels),
                 prefix: self.prefix,
                 needs_check: AtomicBool::new(false),
-                losses: StateLoss::default(),
+                losses: StateLoss::watching(BACKEND),
                 evicted_seen: Default::default(),
                 evictions: Default::default(),
                 eviction_allowed: self.allow_eviction,

@@ -139,6 +139,13 @@ impl RouteKeys {
         let mut routes = self.routes.write().unwrap_or_else(PoisonError::into_inner);
         if routes.len() < MAX_ROUTES && !routes.iter().any(|(known, _)| **known == *route) {
             routes.push((route.into(), Arc::clone(&keys)));
+            // A new route: its every outcome exported at zero, so ratios and alerts on an
+            // outcome see the series before its first request.
+            metrics::with_recorder(|recorder| {
+                for key in keys.iter() {
+                    recorder.register_counter(key, &METADATA).increment(0);
+                }
+            });
         }
         keys
     }

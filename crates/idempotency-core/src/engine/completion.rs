@@ -77,6 +77,23 @@ pub enum RollbackCause {
 }
 
 impl Completion {
+    /// Exports `idempotency_completions_total` at zero for each result a request's completion
+    /// can have, so its series exist before the first of each.
+    pub(super) fn announce() {
+        for result in [
+            "stored",
+            "released",
+            "stale",
+            "deferred",
+            "rolled_back",
+            "outcome_unknown",
+            "transaction_misused",
+            "superseded",
+        ] {
+            metrics::counter!("idempotency_completions_total", "result" => result).increment(0);
+        }
+    }
+
     /// Counts this completion in `idempotency_completions_total{result}`: literal labels, so
     /// the key is a static (no allocation, no hashing per request).
     pub(super) fn count(&self) {

@@ -170,10 +170,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         if let Err(why) = config.check() {
             panic!("invalid idempotency engine configuration: {why}");
         }
+        let metrics = store_metrics::StoreMetrics::new(store.backend());
+        metrics.announce();
+        Completion::announce();
         Engine {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
-                metrics: store_metrics::StoreMetrics::new(store.backend()),
+                metrics,
                 limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
                 config,
                 store,

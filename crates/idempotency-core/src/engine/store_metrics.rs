@@ -37,6 +37,16 @@ impl StoreMetrics {
         }
     }
 
+    /// Exports every op's error counter at zero, so a dashboard, a ratio and `increase()` see
+    /// the series before its first error.
+    pub(crate) fn announce(&self) {
+        metrics::with_recorder(|recorder| {
+            for key in &self.errors {
+                recorder.register_counter(key, &METADATA).increment(0);
+            }
+        });
+    }
+
     /// Records how long a call of `op` took.
     pub(crate) fn duration(&self, op: StoreOp, seconds: f64) {
         metrics::with_recorder(|recorder| {

@@ -1,0 +1,85 @@
+//! A store for the crate's unit tests.
+
+use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
+use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError, StoredResponse};
+use std::time::Duration;
+
+/// A store that keeps nothing, whose `check_state` answers what it is told after `delay`, and
+/// whose `purge_expired` answers from `purges` in turn (then `Ok(0)`).
+pub(crate) struct Probe {
+    pub(crate) answer: fn() -> Result<bool, StoreError>,
+    pub(crate) delay: Duration,
+    pub(crate) purges: std::sync::Mutex<Vec<Result<u64, StoreError>>>,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Probe {
+            answer: || Ok(false),
+            delay: Duration::ZERO,
+            purges: std::sync::Mutex::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for Probe {
+    fn backend(&self) -> &'static str {
+        "probe"
+    }
+    async fn claim(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: &Fingerprint,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        Ok(ClaimOutcome::Claimed)
+    }
+    async fn complete(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+    async fn extend(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+        _: Duration,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+    async fn release(
+        &self,
+        _: &Scope,
+        _: &IdempotencyKey,
+        _: LeaseToken,
+    ) -> Result<FenceOutcome, StoreError> {
+        Ok(FenceOutcome::Applied)
+    }
+    async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        Ok(None)
+    }
+    async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
+        let mut purges = self
+            .purges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if purges.is_empty() {
+            Ok(0)
+        } else {
+            purges.remove(0)
+        }
+    }
+    async fn check_state(&self) -> Result<bool, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        (self.answer)()
+    }
+}
