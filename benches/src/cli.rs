@@ -106,6 +106,11 @@ pub(crate) struct HttpArgs {
     /// run reaches, to see the store's cost without eviction.
     #[arg(long, value_enum, default_value_t = http::LayerStore::Memory)]
     pub(crate) store: http::LayerStore,
+    /// Compare with the layer on this store instead of the handler alone ("without" is then
+    /// this store): `--store memory-prometheus --baseline memory` measures what an installed
+    /// Prometheus recorder costs.
+    #[arg(long, value_enum)]
+    pub(crate) baseline: Option<http::LayerStore>,
 }
 
 /// Settings of the purge-at-scale run.

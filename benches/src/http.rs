@@ -51,6 +51,11 @@ pub enum LayerStore {
     /// round of fresh keys and evicts a record on every completion from then on; the difference
     /// between the two is what eviction costs.
     MemoryRoomy,
+    /// `MemoryStore::default()` in a process with a Prometheus recorder installed
+    /// (`metrics-exporter-prometheus`, the library's buckets, `/metrics` served as the demo
+    /// does): what the layer's metrics cost once something records them. Compare it with
+    /// `memory` (`--baseline memory`).
+    MemoryPrometheus,
 }
 
 /// The bound of [`LayerStore::MemoryRoomy`]: 16 GiB, about 35 million of the bench's records.
@@ -63,6 +68,7 @@ impl LayerStore {
             LayerStore::Memory => "memory",
             LayerStore::Null => "null",
             LayerStore::MemoryRoomy => "memory-roomy",
+            LayerStore::MemoryPrometheus => "memory-prometheus",
         }
     }
 }
@@ -125,7 +131,7 @@ pub fn tasks_app(layer: Option<LayerStore>) -> Router {
     let route = post(create_task);
     let route = match layer {
         None => route,
-        Some(LayerStore::Memory) => route.layer(
+        Some(LayerStore::Memory | LayerStore::MemoryPrometheus) => route.layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_with(scope)
                 .build(),
@@ -144,11 +150,20 @@ pub fn tasks_app(layer: Option<LayerStore>) -> Router {
     Router::new().route("/tasks", route).with_state(tasks)
 }
 
-/// Serves [`tasks_app`] on `listen` and prints `listening on <addr>` once bound.
+/// Serves [`tasks_app`] on `listen` and prints `listening on <addr>` once bound; with
+/// [`LayerStore::MemoryPrometheus`], installs the demo's Prometheus recorder first and serves
+/// `GET /metrics` beside the task API.
 pub async fn serve(listen: SocketAddr, layer: Option<LayerStore>) -> std::io::Result<()> {
+    let mut app = tasks_app(layer);
+    if layer == Some(LayerStore::MemoryPrometheus) {
+        // The demo's recorder (the library's buckets, histograms drained every 5 s).
+        let handle =
+            idempotency_demo::operations::install_metrics().map_err(std::io::Error::other)?;
+        app = app.merge(idempotency_demo::operations::metrics_route(handle));
+    }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
-    axum::serve(listener, tasks_app(layer)).await
+    axum::serve(listener, app).await
 }
 
 /// One round's figures.
@@ -272,12 +287,16 @@ pub async fn compare_workloads(
     rounds: usize,
     length: Duration,
     store: LayerStore,
+    baseline: Option<LayerStore>,
 ) -> Result<Vec<HttpCompare>, String> {
     let binary = std::env::current_exe().map_err(|e| e.to_string())?;
-    let plain = ServerProcess::start(&binary, Variant::Plain).await?;
+    let plain =
+        ServerProcess::start(&binary, baseline.map_or(Variant::Plain, Variant::Layer)).await?;
     let layer = ServerProcess::start(&binary, Variant::Layer(store)).await?;
     let workloads: &[Workload] = match store {
-        LayerStore::Memory => &[Workload::FreshKeys, Workload::Replay],
+        LayerStore::Memory | LayerStore::MemoryPrometheus => {
+            &[Workload::FreshKeys, Workload::Replay]
+        }
         LayerStore::Null | LayerStore::MemoryRoomy => &[Workload::FreshKeys],
     };
     let mut compares = Vec::new();

@@ -192,8 +192,14 @@ async fn http(args: HttpArgs) -> std::process::ExitCode {
 
 async fn http_rows(args: &HttpArgs) -> Result<(), String> {
     let length = std::time::Duration::try_from_secs_f64(args.seconds).map_err(|e| e.to_string())?;
-    let compares =
-        http::compare_workloads(args.connections, args.rounds, length, args.store).await?;
+    let compares = http::compare_workloads(
+        args.connections,
+        args.rounds,
+        length,
+        args.store,
+        args.baseline,
+    )
+    .await?;
     print!("{}", http::markdown_table(&compares));
     Ok(())
 }

@@ -263,6 +263,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
             args.http_rounds,
             length,
             http::LayerStore::Memory,
+            None,
         )
         .await?
     };
