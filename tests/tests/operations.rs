@@ -102,6 +102,19 @@ async fn metrics_show_the_library_series_after_one_request() {
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
 }
 
+/// A throwaway PostgreSQL server and the demo on it.
+async fn demo_on_postgres() -> (TempPostgres, DemoProcess) {
+    let pg = TempPostgres::start(&[]).unwrap();
+    let url = pg.url("postgres");
+    let demo = DemoProcess::start(
+        env!("CARGO_BIN_EXE_demo-server"),
+        &["--store", url.as_str()],
+        &[],
+    )
+    .await;
+    (pg, demo)
+}
+
 /// Polls `/health/ready` every 100 ms until it answers `want`; how long that took, or `None`
 /// after `within`.
 async fn ready_becomes(
@@ -124,14 +137,7 @@ async fn ready_becomes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_store_and_liveness_does_not() {
-    let pg = TempPostgres::start(&[]).unwrap();
-    let url = pg.url("postgres");
-    let demo = DemoProcess::start(
-        env!("CARGO_BIN_EXE_demo-server"),
-        &["--store", url.as_str()],
-        &[],
-    )
-    .await;
+    let (pg, demo) = demo_on_postgres().await;
     let client = client();
     let (status, body) = get(&client, demo.addr(), "/health/ready").await.unwrap();
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
@@ -268,14 +274,7 @@ async fn every_series_the_rules_and_the_dashboard_name_is_exported_by_the_demo()
     let from_dashboard = metric_names(&dashboard_queries().join("\n"));
     assert!(from_dashboard.len() >= 6, "{from_dashboard:?}");
     named.extend(from_dashboard);
-    let pg = TempPostgres::start(&[]).unwrap();
-    let url = pg.url("postgres");
-    let demo = DemoProcess::start(
-        env!("CARGO_BIN_EXE_demo-server"),
-        &["--store", url.as_str()],
-        &[],
-    )
-    .await;
+    let (_pg, demo) = demo_on_postgres().await;
     let client = client();
     assert_eq!(create_task(&client, demo.addr()).await, StatusCode::CREATED);
     let (status, metrics) = get(&client, demo.addr(), "/metrics").await.unwrap();

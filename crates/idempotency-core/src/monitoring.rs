@@ -107,9 +107,7 @@ pub async fn readiness<S: IdempotencyStore + ?Sized>(store: &S, within: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
     use crate::test_store::Probe;
-    use crate::{IdempotencyKey, Scope, StoredResponse};
 
     fn probe(answer: fn() -> Result<bool, StoreError>, delay: Duration) -> Probe {
         Probe {
@@ -152,66 +150,5 @@ mod tests {
             matches!(answer, Readiness::Unavailable(StoreError::Timeout { timeout, .. }) if timeout == Duration::from_millis(50)),
             "{answer}"
         );
-    }
-
-    /// A store that implements no `check_state` (it cannot lose its records) is ready.
-    #[tokio::test]
-    async fn a_store_without_a_sentinel_is_ready() {
-        struct Plain(Probe);
-        #[async_trait::async_trait]
-        impl IdempotencyStore for Plain {
-            fn backend(&self) -> &'static str {
-                "plain"
-            }
-            async fn claim(
-                &self,
-                s: &Scope,
-                k: &IdempotencyKey,
-                f: &Fingerprint,
-                t: LeaseToken,
-                l: Duration,
-            ) -> Result<ClaimOutcome, StoreError> {
-                self.0.claim(s, k, f, t, l).await
-            }
-            async fn complete(
-                &self,
-                s: &Scope,
-                k: &IdempotencyKey,
-                t: LeaseToken,
-                r: &StoredResponse,
-                d: Duration,
-            ) -> Result<FenceOutcome, StoreError> {
-                self.0.complete(s, k, t, r, d).await
-            }
-            async fn extend(
-                &self,
-                s: &Scope,
-                k: &IdempotencyKey,
-                t: LeaseToken,
-                d: Duration,
-            ) -> Result<FenceOutcome, StoreError> {
-                self.0.extend(s, k, t, d).await
-            }
-            async fn release(
-                &self,
-                s: &Scope,
-                k: &IdempotencyKey,
-                t: LeaseToken,
-            ) -> Result<FenceOutcome, StoreError> {
-                self.0.release(s, k, t).await
-            }
-            async fn get(
-                &self,
-                s: &Scope,
-                k: &IdempotencyKey,
-            ) -> Result<Option<Record>, StoreError> {
-                self.0.get(s, k).await
-            }
-            async fn purge_expired(&self, n: usize) -> Result<u64, StoreError> {
-                self.0.purge_expired(n).await
-            }
-        }
-        let plain = Plain(probe(|| Ok(true), Duration::ZERO));
-        assert!(readiness(&plain, Duration::from_secs(1)).await.is_ready());
     }
 }

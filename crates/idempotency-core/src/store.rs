@@ -399,15 +399,7 @@ mod tests {
             let purging = super::purge_periodically(&store, Duration::from_millis(40), 10);
             let _ = tokio::time::timeout(Duration::from_millis(100), purging).await;
         });
-        let mut seen = std::collections::BTreeMap::new();
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            seen.insert(format!("{}{{{}}}", key.name(), labels.join(",")), value);
-        }
+        let seen = crate::test_store::metrics_by_series(&snapshotter);
         assert_eq!(
             seen.get("idempotency_purge_runs_total{backend=probe,result=ok}"),
             Some(&DebugValue::Counter(2)),

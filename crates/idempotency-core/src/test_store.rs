@@ -1,4 +1,4 @@
-//! A store for the crate's unit tests.
+//! A store, and a reader of recorded metrics, for the crate's unit tests.
 
 use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
 use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError, StoredResponse};
@@ -82,4 +82,20 @@ impl IdempotencyStore for Probe {
         tokio::time::sleep(self.delay).await;
         (self.answer)()
     }
+}
+
+/// What `snapshotter` holds, by `name{label=value,...}`.
+pub(crate) fn metrics_by_series(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> std::collections::BTreeMap<String, metrics_util::debugging::DebugValue> {
+    let mut seen = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        seen.insert(format!("{}{{{}}}", key.name(), labels.join(",")), value);
+    }
+    seen
 }

@@ -83,21 +83,17 @@ mod tests {
             }
             metrics.error(StoreOp::Complete);
         });
-        let mut seen = Vec::new();
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let count = match value {
-                DebugValue::Counter(n) => n as usize,
-                DebugValue::Histogram(values) => values.len(),
-                DebugValue::Gauge(_) => 0,
-            };
-            seen.push(format!("{}{{{}}} {count}", key.name(), labels.join(",")));
-        }
-        seen.sort();
+        let seen: Vec<String> = crate::test_store::metrics_by_series(&snapshotter)
+            .into_iter()
+            .map(|(series, value)| {
+                let count = match value {
+                    DebugValue::Counter(n) => n as usize,
+                    DebugValue::Histogram(values) => values.len(),
+                    DebugValue::Gauge(_) => 0,
+                };
+                format!("{series} {count}")
+            })
+            .collect();
         let mut expected: Vec<String> = StoreOp::ALL
             .iter()
             .map(|op| format!("{DURATION}{{backend=memory,op={}}} 1", op.name()))
