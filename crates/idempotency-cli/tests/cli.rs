@@ -91,6 +91,10 @@ mod postgres {
         let (code, text) = run(&["check"]);
         assert_eq!((code, text.trim_end().ends_with("ok")), (0, true), "{text}");
         assert!(text.contains("(LOGGED)"), "a new table is LOGGED: {text}");
+        assert!(
+            text.contains("records: 0 (0 expired, waiting for the purge; 0 in flight), "),
+            "the contents of an empty table: {text}"
+        );
         let (code, text) = run(&["check", "--mode", "unlogged"]);
         assert_eq!(code, 1, "{text}");
         assert!(

@@ -172,22 +172,67 @@ impl From<DriverError> for StoreError {
     }
 }
 
-/// A row as the store reads it.
-pub trait DriverRow: Send + Sync {
+/// Reads column `i` of a driver's row as a `T`, for every `T` the driver decodes: each driver
+/// implements it once, generically over its own decoding trait, and [`DriverRow`] names the
+/// types the store reads. `Err(())` when the column is not a `T` (the caller names what it
+/// expected).
+pub trait ColumnRead<'r, T> {
+    /// Column `i` as a `T`.
+    fn read(&'r self, i: usize) -> Result<T, ()>;
+}
+
+/// A row as the store reads it: the four column types of its statements, read through the
+/// driver's [`ColumnRead`].
+pub trait DriverRow:
+    Send
+    + Sync
+    + for<'r> ColumnRead<'r, Option<bool>>
+    + for<'r> ColumnRead<'r, Option<&'r [u8]>>
+    + for<'r> ColumnRead<'r, i64>
+    + for<'r> ColumnRead<'r, f64>
+{
     /// A `bool` column (`None` for NULL).
-    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError>;
+    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError> {
+        column(
+            ColumnRead::<Option<bool>>::read(self, i),
+            "a boolean column",
+        )
+    }
     /// A `bytea` column (`None` for NULL).
-    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError>;
+    fn opt_bytes<'r>(&'r self, i: usize) -> Result<Option<&'r [u8]>, StoreError> {
+        column(
+            <Self as ColumnRead<'r, Option<&'r [u8]>>>::read(self, i),
+            "a bytea column",
+        )
+    }
     /// An `int8` column.
-    fn int8(&self, i: usize) -> Result<i64, StoreError>;
+    fn int8(&self, i: usize) -> Result<i64, StoreError> {
+        column(ColumnRead::<i64>::read(self, i), "a bigint column")
+    }
     /// A `float8` column.
-    fn float8(&self, i: usize) -> Result<f64, StoreError>;
+    fn float8(&self, i: usize) -> Result<f64, StoreError> {
+        column(
+            ColumnRead::<f64>::read(self, i),
+            "a double precision column",
+        )
+    }
 
     /// A non-NULL `bool` column.
     fn bool(&self, i: usize) -> Result<bool, StoreError> {
         self.opt_bool(i)?
             .ok_or_else(|| corrupt_field("a boolean column is NULL"))
     }
+}
+
+/// Every row a driver can read the four column types from is a [`DriverRow`].
+impl<R> DriverRow for R where
+    R: Send
+        + Sync
+        + for<'r> ColumnRead<'r, Option<bool>>
+        + for<'r> ColumnRead<'r, Option<&'r [u8]>>
+        + for<'r> ColumnRead<'r, i64>
+        + for<'r> ColumnRead<'r, f64>
+{
 }
 
 /// A column read as its type, or the corrupt-record error that names what it should be.

@@ -3,7 +3,7 @@
 
 use super::session::SqlxSession;
 use crate::driver::{
-    Driver, DriverError, DriverOps, DriverRow, OwnedParam, Param, Undo, UndoOnDrop, column,
+    ColumnRead, Driver, DriverError, DriverOps, OwnedParam, Param, Undo, UndoOnDrop,
 };
 use crate::error::{BACKEND, setup_error, sqlx_error};
 use crate::schema::Sql;
@@ -52,18 +52,9 @@ fn driver_error(e: sqlx::Error) -> DriverError {
     }
 }
 
-impl DriverRow for PgRow {
-    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError> {
-        column(self.try_get(i), "a boolean column")
-    }
-    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError> {
-        column(self.try_get(i), "a bytea column")
-    }
-    fn int8(&self, i: usize) -> Result<i64, StoreError> {
-        column(self.try_get(i), "a bigint column")
-    }
-    fn float8(&self, i: usize) -> Result<f64, StoreError> {
-        column(self.try_get(i), "a double precision column")
+impl<'r, T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>> ColumnRead<'r, T> for PgRow {
+    fn read(&'r self, i: usize) -> Result<T, ()> {
+        self.try_get(i).map_err(drop)
     }
 }
 

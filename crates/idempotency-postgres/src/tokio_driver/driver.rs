@@ -7,8 +7,7 @@ use super::session::TokioSession;
 use super::statement::Ready;
 use super::transaction::{TokioTx, close};
 use crate::driver::{
-    Driver, DriverError, DriverOps, DriverRow, OwnedParam, Param, PendingRows, Undo, UndoOnDrop,
-    column,
+    ColumnRead, Driver, DriverError, DriverOps, OwnedParam, Param, PendingRows, Undo, UndoOnDrop,
 };
 use crate::error::{BACKEND, pool_error, query_error, setup_error};
 use crate::schema::Sql;
@@ -107,18 +106,9 @@ pub(super) fn driver_error(e: tokio_postgres::Error) -> DriverError {
     }
 }
 
-impl DriverRow for Row {
-    fn opt_bool(&self, i: usize) -> Result<Option<bool>, StoreError> {
-        column(self.try_get(i), "a boolean column")
-    }
-    fn opt_bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError> {
-        column(self.try_get(i), "a bytea column")
-    }
-    fn int8(&self, i: usize) -> Result<i64, StoreError> {
-        column(self.try_get(i), "a bigint column")
-    }
-    fn float8(&self, i: usize) -> Result<f64, StoreError> {
-        column(self.try_get(i), "a double precision column")
+impl<'r, T: tokio_postgres::types::FromSql<'r>> ColumnRead<'r, T> for Row {
+    fn read(&'r self, i: usize) -> Result<T, ()> {
+        self.try_get(i).map_err(drop)
     }
 }
 

@@ -1,0 +1,105 @@
+//! What `status()` (and `idempotency check`) tells an operator about the key table's contents:
+//! its size, its records, the expired ones waiting for the purge, and the claims in flight with
+//! the age of the oldest.
+
+mod postgres {
+    use idempotency_core::store::{ClaimOutcome, FenceOutcome};
+    use idempotency_core::{
+        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
+        Scope, StoredResponse,
+    };
+    use idempotency_postgres::{PostgresStore, TableMode};
+    use idempotency_testkit::TestSchema;
+    use idempotency_testkit::env::postgres_url;
+    use std::time::Duration;
+
+    fn key(name: &str) -> IdempotencyKey {
+        IdempotencyKey::parse(name.as_bytes(), KeyFormat::opaque()).expect("key")
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_counts_records_expired_rows_and_claims_in_flight() {
+        let schema = TestSchema::new("idem_status");
+        let store = PostgresStore::builder(postgres_url())
+            .schema(schema.name())
+            .table_mode(TableMode::Logged)
+            .build()
+            .await
+            .expect("store");
+        store.migrate().await.expect("migrate");
+        let scope = Scope::new("operator").expect("scope");
+
+        let empty = store.status().await.expect("status");
+        let contents = empty.contents.clone().expect("the table exists");
+        assert_eq!(
+            (contents.records, contents.expired, contents.in_flight),
+            (0, 0, 0),
+            "the sentinel is not counted: {empty}"
+        );
+        assert_eq!(contents.oldest_in_flight, None);
+        assert!(contents.size_bytes > 0, "{contents:?}");
+
+        // Two completed records, one that expires at once, and two claims still in flight.
+        for (name, retention) in [
+            ("done-1", Duration::from_secs(3600)),
+            ("done-2", Duration::from_secs(3600)),
+            ("gone", Duration::from_millis(1)),
+        ] {
+            let token = LeaseToken::new();
+            let claimed = store
+                .claim(&scope, &key(name), &fp(), token, Duration::from_secs(60))
+                .await
+                .expect("claim");
+            assert!(matches!(claimed, ClaimOutcome::Claimed), "{claimed:?}");
+            let response = StoredResponse::new(
+                idempotency_core::http::StatusCode::CREATED,
+                idempotency_core::http::HeaderMap::new(),
+                bytes::Bytes::new(),
+            );
+            let completed = store
+                .complete(&scope, &key(name), token, &response, retention)
+                .await
+                .expect("complete");
+            assert_eq!(completed, FenceOutcome::Applied);
+        }
+        for name in ["running-1", "running-2"] {
+            store
+                .claim(
+                    &scope,
+                    &key(name),
+                    &fp(),
+                    LeaseToken::new(),
+                    Duration::from_secs(60),
+                )
+                .await
+                .expect("claim");
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+
+        let status = store.status().await.expect("status");
+        let contents = status.contents.clone().expect("the table exists");
+        assert_eq!(
+            (contents.records, contents.expired, contents.in_flight),
+            (5, 1, 2),
+            "{status}"
+        );
+        let oldest = contents.oldest_in_flight.expect("claims in flight");
+        assert!(
+            oldest >= Duration::from_secs(1) && oldest < Duration::from_secs(60),
+            "{oldest:?}"
+        );
+        let shown = status.to_string();
+        assert!(
+            shown.contains(
+                "records: 5 (1 expired, waiting for the purge; 2 in flight, the oldest for 1 s)"
+            ),
+            "{shown}"
+        );
+        assert!(status.problems().is_empty(), "{:?}", status.problems());
+        schema.drop().await;
+    }
+}
