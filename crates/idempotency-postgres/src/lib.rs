@@ -87,7 +87,7 @@ pub use sqlstate::is_permanent_sqlstate;
 pub use sqlx_driver::Sqlx;
 #[cfg(feature = "sqlx")]
 pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxTransaction};
-pub use status::{PurgeStatus, RecordTimes, StoreStatus, TableContents};
+pub use status::{PurgeRun, PurgeStatus, RecordTimes, StoreStatus, TableContents};
 #[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
 pub use store::PostgresStore;
 pub use table::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};

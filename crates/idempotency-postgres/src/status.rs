@@ -8,6 +8,14 @@ use crate::table::Table;
 use idempotency_core::{IdempotencyKey, Scope};
 use std::fmt;
 
+mod contents;
+mod runs;
+
+pub use contents::TableContents;
+use contents::read_contents;
+pub use runs::PurgeRun;
+use runs::read_purge_runs;
+
 /// The state of the store's table and its surroundings, read by `status()` on either store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -35,25 +43,9 @@ pub struct StoreStatus {
     pub expected_schedule: String,
     /// What the table holds now, when it exists.
     pub contents: Option<TableContents>,
-}
-
-/// What the key table holds, counted in one pass over it (so `check` reads the whole table:
-/// seconds on tens of millions of rows). The state sentinel is not counted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TableContents {
-    /// `pg_total_relation_size`: the table, its index and its TOAST, in bytes.
-    pub size_bytes: u64,
-    /// Rows, live and expired.
-    pub records: u64,
-    /// Rows past their expiry, waiting for the purge (absent on read already).
-    pub expired: u64,
-    /// Lease-mode claims still in flight (the one-transaction modes hold their keys in an open
-    /// transaction and write no row until they commit, so they are not seen here).
-    pub in_flight: u64,
-    /// How long the oldest of those has been in flight (its heartbeat keeps a live request's
-    /// lease running; a claim far older than the requests take is worth a look).
-    pub oldest_in_flight: Option<std::time::Duration>,
+    /// The pg_cron purge job's last runs, newest first (at most five, from
+    /// `cron.job_run_details`); empty without pg_cron or before its first run.
+    pub purge_runs: Vec<PurgeRun>,
 }
 
 /// The pg_cron purge job, as `cron.job` shows it.
@@ -132,6 +124,14 @@ impl StoreStatus {
                 if !active {
                     problems.push(format!("the pg_cron purge job {job_name:?} is not active"));
                 }
+                if let Some(last) = self.purge_runs.first()
+                    && last.status == "failed"
+                {
+                    problems.push(format!(
+                        "the last run of the pg_cron purge job {job_name:?} failed (started {}): {}",
+                        last.started_at, last.message
+                    ));
+                }
             }
         }
         problems
@@ -178,7 +178,19 @@ impl fmt::Display for StoreStatus {
                 "purge: pg_cron job {job_name:?} on {schedule:?}{}",
                 if *active { "" } else { " (inactive)" }
             ),
+        }?;
+        for run in &self.purge_runs {
+            let took = run
+                .duration
+                .map(|d| format!(" in {} ms", d.as_millis()))
+                .unwrap_or_default();
+            writeln!(
+                f,
+                "  run {} {}{took}: {}",
+                run.started_at, run.status, run.message
+            )?;
         }
+        Ok(())
     }
 }
 
@@ -248,6 +260,10 @@ pub(crate) async fn read_status(
     } else {
         PurgeStatus::PgCronNotInstalled
     };
+    let purge_runs = match &purge {
+        PurgeStatus::Scheduled { job_name, .. } => read_purge_runs(session, job_name).await?,
+        _ => Vec::new(),
+    };
     let contents = match persistence {
         Some(_) => Some(read_contents(session, table).await?),
         None => None,
@@ -264,49 +280,7 @@ pub(crate) async fn read_status(
         purge,
         expected_schedule: table.purge_schedule.clone(),
         contents,
-    })
-}
-
-/// Counts what `table` holds, in one pass; every column comes back as text.
-async fn read_contents(
-    session: &mut dyn SetupSession,
-    table: &Table,
-) -> Result<TableContents, PostgresStoreError> {
-    let t = table.name.qualified();
-    let in_flight = "lease_token IS NOT NULL AND expires_at > now()";
-    let sql = format!(
-        "SELECT pg_total_relation_size('{t}')::text, count(*)::text, \
-                count(*) FILTER (WHERE expires_at <= now())::text, \
-                count(*) FILTER (WHERE {in_flight})::text, \
-                ((extract(epoch FROM now() - min(created_at) FILTER (WHERE {in_flight})) \
-                  * 1000)::bigint)::text \
-         FROM {t} WHERE key <> 'sentinel' OR user_id <> E'\\x01idempotency-state'"
-    );
-    let row = session
-        .rows(&sql, &[])
-        .await?
-        .into_iter()
-        .next()
-        .unwrap_or_default();
-    let number = |i: usize| -> Result<Option<u64>, PostgresStoreError> {
-        match row.get(i).cloned().flatten() {
-            None => Ok(None),
-            Some(text) => text
-                .parse::<i64>()
-                .map(|n| Some(n.max(0) as u64))
-                .map_err(|_| {
-                    PostgresStoreError::UnexpectedAnswer(format!(
-                        "the count of {t} answered {text:?}, not a number"
-                    ))
-                }),
-        }
-    };
-    Ok(TableContents {
-        size_bytes: number(0)?.unwrap_or_default(),
-        records: number(1)?.unwrap_or_default(),
-        expired: number(2)?.unwrap_or_default(),
-        in_flight: number(3)?.unwrap_or_default(),
-        oldest_in_flight: number(4)?.map(std::time::Duration::from_millis),
+        purge_runs,
     })
 }
 
@@ -351,4 +325,66 @@ pub struct RecordTimes {
     pub created_at: String,
     /// Time left until it expires.
     pub expires_in: std::time::Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduled(runs: Vec<PurgeRun>) -> StoreStatus {
+        StoreStatus {
+            server_version: "PostgreSQL 15".into(),
+            database: "app".into(),
+            table: "\"public\".\"idempotency_keys\"".into(),
+            persistence: Some("LOGGED"),
+            expected_persistence: "LOGGED",
+            persistence_chosen: false,
+            applied: vec![1, 2, 3],
+            pending: Vec::new(),
+            purge: PurgeStatus::Scheduled {
+                job_name: "idempotency-purge:public.idempotency_keys".into(),
+                schedule: "0 * * * *".into(),
+                active: true,
+            },
+            expected_schedule: "0 * * * *".into(),
+            contents: None,
+            purge_runs: runs,
+        }
+    }
+
+    fn run(status: &str, message: &str) -> PurgeRun {
+        PurgeRun {
+            status: status.into(),
+            started_at: "2026-12-03T14:00:00Z".into(),
+            duration: Some(std::time::Duration::from_millis(12)),
+            message: message.into(),
+        }
+    }
+
+    /// Only the newest run counts: a failure an hour ago that the next run cured is no problem.
+    #[test]
+    fn a_failed_last_purge_run_is_a_problem_an_earlier_one_is_not() {
+        let failed = scheduled(vec![
+            run("failed", "ERROR: canceling statement due to lock timeout"),
+            run("succeeded", "DELETE 1500"),
+        ]);
+        let problems = failed.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("failed (started 2026-12-03T14:00:00Z)")
+                && problems[0].contains("lock timeout"),
+            "{problems:?}"
+        );
+        assert!(
+            failed
+                .to_string()
+                .contains("  run 2026-12-03T14:00:00Z succeeded in 12 ms: DELETE 1500"),
+            "{failed}"
+        );
+        let cured = scheduled(vec![
+            run("succeeded", "DELETE 3"),
+            run("failed", "ERROR: canceling statement due to lock timeout"),
+        ]);
+        assert!(cured.problems().is_empty(), "{:?}", cured.problems());
+    }
 }

@@ -352,6 +352,18 @@ mod postgres {
             .expect("cron.job_run_details")
             .get(0);
         assert!(succeeded >= 1, "the purge must have been a pg_cron run");
+        // `status()` (and `idempotency check`) shows the run, the rows it purged, and no
+        // expired row left.
+        let status = store.status().await.expect("status");
+        let deleted_15 = status
+            .purge_runs
+            .iter()
+            .any(|run| run.status == "succeeded" && run.message == "DELETE 15");
+        assert!(deleted_15, "{:?}\n{status}", status.purge_runs);
+        assert!(status.to_string().contains(": DELETE 15"), "{status}");
+        let contents = status.contents.clone().expect("the table exists");
+        assert_eq!((contents.records, contents.expired), (15, 0), "{status}");
+        assert!(status.problems().is_empty(), "{:?}", status.problems());
         for i in 0..30 {
             let live = store.get(&scope, &key(i)).await.expect("get").is_some();
             assert_eq!(live, i % 2 == 1, "key {i}");
