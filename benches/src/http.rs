@@ -159,7 +159,7 @@ pub async fn serve(listen: SocketAddr, layer: Option<LayerStore>) -> std::io::Re
         // The demo's recorder (the library's buckets, histograms drained every 5 s).
         let handle =
             idempotency_demo::operations::install_metrics().map_err(std::io::Error::other)?;
-        app = app.merge(idempotency_demo::operations::metrics_route(handle));
+        app = app.merge(idempotency_demo::operations::metrics_route(handle, None));
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);

@@ -77,6 +77,30 @@ async fn metrics_show_the_library_series_after_one_request() {
         Some(1.0),
         "{metrics}"
     );
+    // Nothing held in flight once the request is answered; the store's footprint is read at
+    // the scrape: the one record the request stored.
+    assert_eq!(
+        sample(&metrics, "idempotency_keys_in_flight"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "idempotency_oldest_key_in_flight_start_timestamp_seconds"
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, r#"idempotency_store_records{backend="memory"}"#),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(
+        sample(&metrics, r#"idempotency_store_bytes{backend="memory"}"#).is_some_and(|b| b > 0.0),
+        "{metrics}"
+    );
     // The store-latency histogram has the library's buckets, not the exporter's summary.
     for op in ["claim", "complete"] {
         let buckets: Vec<&str> = metrics

@@ -11,7 +11,7 @@
 //! ```
 
 use async_trait::async_trait;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, TransactionalStore};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record, TransactionalStore};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -206,6 +206,10 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
 
     async fn check_state(&self) -> Result<bool, StoreError> {
         self.inner.check_state().await
+    }
+
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        self.inner.footprint().await
     }
 }
 

@@ -1,5 +1,16 @@
 //! What the people who run a service on this library watch: the readiness probe of its store,
-//! and the buckets that suit the store-latency histogram.
+//! the buckets that suit the store-latency histogram, the keys held in flight and what the store
+//! holds.
+//!
+//! ## Gauges
+//!
+//! - [`KEYS_IN_FLIGHT_METRIC`] and [`OLDEST_KEY_IN_FLIGHT_METRIC`]: the keys this process's
+//!   requests hold now and when the oldest was taken, kept by the engine (every engine of the
+//!   process counts in the same two series) from its creation on. A key held far longer than
+//!   requests take is a handler stuck while holding it; the shipped alert
+//!   `IdempotencyKeyStuckInFlight` fires at five minutes.
+//! - [`STORE_RECORDS_METRIC`] and [`STORE_BYTES_METRIC`], by backend: what the store holds, set by
+//!   [`record_footprint`] where a scrape is answered.
 //!
 //! ## Readiness: may this instance take requests now?
 //!
@@ -31,6 +42,7 @@
 //! # }
 //! ```
 
+use crate::store::Footprint;
 use crate::{IdempotencyStore, StoreError};
 
 /// Upper bounds (seconds) for `idempotency_store_duration_seconds`: from half a millisecond (a
@@ -44,6 +56,44 @@ pub const STORE_DURATION_BUCKETS: &[f64] = &[
 
 /// The name of the store-latency histogram, as the engine records it.
 pub const STORE_DURATION_METRIC: &str = "idempotency_store_duration_seconds";
+
+pub use crate::engine::in_flight::{KEYS_IN_FLIGHT_METRIC, OLDEST_KEY_IN_FLIGHT_METRIC};
+
+/// Gauge, by `backend`: the records the store holds ([`record_footprint`]).
+pub const STORE_RECORDS_METRIC: &str = "idempotency_store_records";
+
+/// Gauge, by `backend`: the bytes the store's records take ([`record_footprint`]).
+pub const STORE_BYTES_METRIC: &str = "idempotency_store_bytes";
+
+/// Reads what `store` holds ([`IdempotencyStore::footprint`], one cheap round trip) within
+/// `within`, and sets `idempotency_store_records` and `idempotency_store_bytes` by backend. Call
+/// it where a scrape is answered, before rendering it, so the gauges are as fresh as the
+/// scrape. A figure the store cannot tell is left unset; an error or a timeout leaves both
+/// where the last answer put them, and is returned for the caller to log.
+pub async fn record_footprint<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    within: Duration,
+) -> Result<Option<Footprint>, StoreError> {
+    let backend = store.backend();
+    let footprint = match tokio::time::timeout(within, store.footprint()).await {
+        Ok(answer) => answer?,
+        Err(_) => {
+            return Err(StoreError::Timeout {
+                backend,
+                timeout: within,
+            });
+        }
+    };
+    if let Some(footprint) = footprint {
+        if let Some(records) = footprint.records {
+            metrics::gauge!(STORE_RECORDS_METRIC, "backend" => backend).set(records as f64);
+        }
+        if let Some(bytes) = footprint.bytes {
+            metrics::gauge!(STORE_BYTES_METRIC, "backend" => backend).set(bytes as f64);
+        }
+    }
+    Ok(footprint)
+}
 use std::fmt;
 use std::time::Duration;
 
@@ -107,7 +157,7 @@ pub async fn readiness<S: IdempotencyStore + ?Sized>(store: &S, within: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_store::Probe;
+    use crate::test_store::{Probe, metrics_by_series};
 
     fn probe(answer: fn() -> Result<bool, StoreError>, delay: Duration) -> Probe {
         Probe {
@@ -140,6 +190,42 @@ mod tests {
         .await;
         assert!(!down.is_ready());
         assert!(down.to_string().contains("connection refused"), "{down}");
+    }
+
+    /// The footprint a store tells is set on the two gauges by backend; a store that cannot
+    /// tell sets neither.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn the_footprint_is_set_on_its_gauges() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let silent = Probe::default();
+        let told = runtime
+            .block_on(record_footprint(&silent, Duration::from_millis(200)))
+            .unwrap();
+        assert_eq!(told, None);
+        assert!(metrics_by_series(&snapshotter).is_empty());
+
+        let telling = Probe {
+            footprint: Some(Footprint::new(Some(12), Some(3456))),
+            ..Probe::default()
+        };
+        runtime
+            .block_on(record_footprint(&telling, Duration::from_millis(200)))
+            .unwrap();
+        let seen = metrics_by_series(&snapshotter);
+        let gauge = |name: &str| match seen.get(&format!("{name}{{backend=probe}}")) {
+            Some(DebugValue::Gauge(value)) => value.into_inner(),
+            other => panic!("{name}: {other:?} in {seen:?}"),
+        };
+        assert_eq!(gauge(STORE_RECORDS_METRIC), 12.0);
+        assert_eq!(gauge(STORE_BYTES_METRIC), 3456.0);
     }
 
     #[tokio::test]

@@ -194,6 +194,35 @@ pub trait IdempotencyStore: Send + Sync {
     async fn check_state(&self) -> Result<bool, StoreError> {
         Ok(false)
     }
+
+    /// What the store holds, for the gauges an operator watches
+    /// ([`monitoring::record_footprint`](crate::monitoring::record_footprint)): read cheaply,
+    /// so a scrape may ask it every few seconds (PostgreSQL answers from its catalog, an
+    /// estimate, without reading the table). `Ok(None)` by default: the store cannot tell
+    /// without counting.
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// What a store holds ([`IdempotencyStore::footprint`]); a figure the store cannot tell
+/// cheaply is `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Records (in flight, completed, expired not yet purged); an estimate where counting
+    /// would read them all.
+    pub records: Option<u64>,
+    /// Bytes the records take (on PostgreSQL the table with its index and TOAST; in memory the
+    /// weight the store counts against its capacity).
+    pub bytes: Option<u64>,
+}
+
+impl Footprint {
+    /// A footprint of `records` records taking `bytes` bytes.
+    pub fn new(records: Option<u64>, bytes: Option<u64>) -> Self {
+        Footprint { records, bytes }
+    }
 }
 
 macro_rules! forward_store {
@@ -258,6 +287,9 @@ macro_rules! forward_store {
             }
             async fn check_state(&self) -> Result<bool, StoreError> {
                 (**self).check_state().await
+            }
+            async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+                (**self).footprint().await
             }
         }
     )*};

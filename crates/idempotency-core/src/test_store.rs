@@ -1,15 +1,17 @@
 //! A store, and a reader of recorded metrics, for the crate's unit tests.
 
-use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, LeaseToken, Record};
+use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, Footprint, LeaseToken, Record};
 use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError, StoredResponse};
 use std::time::Duration;
 
 /// A store that keeps nothing, whose `check_state` answers what it is told after `delay`, and
-/// whose `purge_expired` answers from `purges` in turn (then `Ok(0)`).
+/// whose `purge_expired` answers from `purges` in turn (then `Ok(0)`), and whose footprint is
+/// `footprint`.
 pub(crate) struct Probe {
     pub(crate) answer: fn() -> Result<bool, StoreError>,
     pub(crate) delay: Duration,
     pub(crate) purges: std::sync::Mutex<Vec<Result<u64, StoreError>>>,
+    pub(crate) footprint: Option<Footprint>,
 }
 
 impl Default for Probe {
@@ -18,6 +20,7 @@ impl Default for Probe {
             answer: || Ok(false),
             delay: Duration::ZERO,
             purges: std::sync::Mutex::default(),
+            footprint: None,
         }
     }
 }
@@ -81,6 +84,9 @@ impl IdempotencyStore for Probe {
     async fn check_state(&self) -> Result<bool, StoreError> {
         tokio::time::sleep(self.delay).await;
         (self.answer)()
+    }
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        Ok(self.footprint)
     }
 }
 

@@ -102,7 +102,10 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let app = crate::build_app_with(&args.store, &options)
         .await
         .map_err(|e| idempotency::ErrorChain(&e).to_string())?;
-    let router = app.router.merge(crate::operations::metrics_route(metrics));
+    let router = app.router.merge(crate::operations::metrics_route(
+        metrics,
+        Some(app.store.clone()),
+    ));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let scheme_only = args.store.split("://").next().unwrap_or("memory");
     tracing::info!(

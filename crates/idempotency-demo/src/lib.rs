@@ -106,7 +106,6 @@ impl Default for Options {
 }
 
 /// The demo's routes and what its shutdown waits for.
-#[derive(Debug)]
 pub struct App {
     /// The task API, behind authentication and the idempotency layer.
     pub router: Router,
@@ -114,6 +113,18 @@ pub struct App {
     /// client left included) finish and their responses are stored, so a deploy never cuts a
     /// side effect in half or leaves a key claimed until its lease runs out.
     pub drain: Drain,
+    /// The idempotency store, for the operations endpoints (its readiness, what it holds).
+    pub store: Arc<dyn IdempotencyStore>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("router", &self.router)
+            .field("drain", &self.drain)
+            .field("store", &self.store.backend())
+            .finish()
+    }
 }
 
 /// The app on the store named by `store_url` (`memory`, `postgres://...`, `redis://...`). With
@@ -205,8 +216,12 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .layer(middleware::from_fn(authenticate))
         .with_state(tasks)
         // Outside authentication and the idempotency layer: probes carry no user and no key.
-        .merge(operations::health_routes(probe));
-    App { router, drain }
+        .merge(operations::health_routes(probe.clone()));
+    App {
+        router,
+        drain,
+        store: probe,
+    }
 }
 
 /// An RFC 9457 problem response.

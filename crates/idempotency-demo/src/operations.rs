@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the readiness probe waits for the store.
+/// How long the readiness probe, and a scrape's reading of the store's footprint, wait for the
+/// store.
 const READINESS_WITHIN: Duration = Duration::from_secs(2);
 
 /// `GET /health/live` (never touches the store: a store outage must not restart every
@@ -59,19 +60,32 @@ pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
     Ok(handle)
 }
 
-/// `GET /metrics`: what `handle` recorded, in the Prometheus text format.
-pub fn metrics_route(handle: PrometheusHandle) -> Router {
+/// `GET /metrics`: what `handle` recorded, in the Prometheus text format. With `store`, each
+/// scrape first records what the store holds (`idempotency_store_records` and
+/// `idempotency_store_bytes`, one cheap round trip: see `idempotency::monitoring::record_footprint`);
+/// a store that does not answer in time leaves them where the last scrape put them.
+pub fn metrics_route(handle: PrometheusHandle, store: Option<Arc<dyn IdempotencyStore>>) -> Router {
     Router::new().route(
         "/metrics",
         get(move || {
-            let body = handle.render();
+            let handle = handle.clone();
+            let store = store.clone();
             async move {
+                if let Some(store) = store
+                    && let Err(error) =
+                        idempotency::monitoring::record_footprint(&*store, READINESS_WITHIN).await
+                {
+                    tracing::warn!(
+                        error = %idempotency::ErrorChain(&error),
+                        "could not read what the idempotency store holds for this scrape"
+                    );
+                }
                 (
                     [(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("text/plain; version=0.0.4"),
                     )],
-                    body,
+                    handle.render(),
                 )
             }
         }),
@@ -81,5 +95,5 @@ pub fn metrics_route(handle: PrometheusHandle) -> Router {
 /// [`health_routes`] and [`metrics_route`] together: what a process without routes of its own
 /// serves on its operations listener.
 pub fn routes(store: Arc<dyn IdempotencyStore>, metrics: PrometheusHandle) -> Router {
-    health_routes(store).merge(metrics_route(metrics))
+    health_routes(store.clone()).merge(metrics_route(metrics, Some(store)))
 }

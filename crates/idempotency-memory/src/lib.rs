@@ -40,7 +40,7 @@ pub use tier::{ReplayTier, ReplayTierBuilder};
 
 use async_trait::async_trait;
 use id::IdBuf;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -251,5 +251,15 @@ impl IdempotencyStore for MemoryStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         Ok(self.inner.records.purge_expired(limit))
+    }
+
+    /// The claims held and the completed records kept, and the bytes the latter take by the
+    /// store's accounting ([`MemoryStore::stored_bytes`]).
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        let records = self.inner.records.in_flight() + self.inner.records.completed();
+        Ok(Some(Footprint::new(
+            Some(records as u64),
+            Some(self.stored_bytes()),
+        )))
     }
 }

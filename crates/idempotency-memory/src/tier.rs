@@ -5,7 +5,7 @@ use crate::completed::{Completed, CompletedRecords};
 use crate::id::IdBuf;
 use async_trait::async_trait;
 use idempotency_core::store::{
-    ClaimOutcome, FenceOutcome, Record, RecordState, TransactionalStore,
+    ClaimOutcome, FenceOutcome, Footprint, Record, RecordState, TransactionalStore,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
@@ -375,5 +375,10 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
 
     async fn check_state(&self) -> Result<bool, StoreError> {
         self.store.check_state().await
+    }
+
+    /// The store's: the tier's copies are a cache of its records.
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        self.store.footprint().await
     }
 }

@@ -5,7 +5,7 @@ use crate::driver::{Driver, DriverRow, Param, Undo, record_from_row};
 use crate::error::BACKEND;
 use crate::schema::Sql;
 use crate::table::Table;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -157,5 +157,23 @@ impl<D: Driver> StoreCore<D> {
             .execute(&self.table.statements.purge, &[Param::Int8(limit)])
             .await?;
         Ok(purged)
+    }
+
+    /// See [`IdempotencyStore::footprint`](idempotency_core::IdempotencyStore::footprint): the
+    /// catalog's figures, one round trip that reads no row of the table.
+    pub(crate) async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        let rows = self
+            .driver
+            .query(&self.table.statements.footprint, &[])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Backend {
+                backend: BACKEND,
+                source: "the key table's row in pg_class did not come back".into(),
+            });
+        };
+        let records = u64::try_from(row.int8(0)?).ok();
+        let bytes = u64::try_from(row.int8(1)?).ok();
+        Ok(Some(Footprint::new(records, bytes)))
     }
 }

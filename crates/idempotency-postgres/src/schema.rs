@@ -62,6 +62,10 @@ pub(crate) struct Statements {
     pub(crate) release: Sql,
     pub(crate) get: Sql,
     pub(crate) purge: Sql,
+    /// The table's size and row count from the catalog (the planner's estimate; counted, before
+    /// the table was first analyzed, which autovacuum does after its first few dozen writes):
+    /// what a scrape may ask without reading the table.
+    pub(crate) footprint: Sql,
     /// Opens a request's transaction: checks the claim inside it and marks the transaction.
     pub(crate) tx_check: Sql,
     /// Completes the record inside the request's transaction, or fails (aborting it).
@@ -262,6 +266,15 @@ impl Statements {
                      AND expires_at <= now()"
                 ),
                 &[ParamType::Int8],
+            ),
+            footprint: Sql::new(
+                format!(
+                    "SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 \
+                                 ELSE (SELECT count(*) FROM {t}) END, \
+                            pg_total_relation_size(oid) \
+                     FROM pg_class WHERE oid = '{t}'::regclass"
+                ),
+                &[],
             ),
             // Sent right behind `BEGIN`. A row only while `$3` holds a live claim; it marks the
             // transaction with the token (transaction-local, so it ends with the transaction)

@@ -7,7 +7,7 @@ use crate::error::BACKEND;
 use crate::flavour::DefaultDriver;
 use crate::primitives::StoreCore;
 use crate::schema::{StatementsSql, TableMode};
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, TransactionalStore};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record, TransactionalStore};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -160,5 +160,9 @@ impl<D: Driver> IdempotencyStore for PostgresStore<D> {
 
     async fn check_state(&self) -> Result<bool, StoreError> {
         PostgresStore::check_state(self).await
+    }
+
+    async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
+        self.inner.footprint().await
     }
 }

@@ -1,6 +1,6 @@
 //! What `status()` (and `idempotency check`) tells an operator about the key table's contents:
 //! its size, its records, the expired ones waiting for the purge, and the claims in flight with
-//! the age of the oldest.
+//! the age of the oldest; and the footprint a scrape reads (`idempotency_store_records`).
 
 mod postgres {
     use idempotency_core::store::{ClaimOutcome, FenceOutcome};
@@ -100,6 +100,36 @@ mod postgres {
             "{shown}"
         );
         assert!(status.problems().is_empty(), "{:?}", status.problems());
+
+        // The footprint a scrape reads: before the table was first analyzed its rows are
+        // counted (the sentinel's included), after it the catalog's estimate is read.
+        let footprint = store.footprint().await.expect("footprint").expect("told");
+        assert_eq!(footprint.records, Some(6), "{footprint:?}");
+        assert_eq!(footprint.bytes, Some(contents.size_bytes), "{footprint:?}");
+        let url = postgres_url();
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let connection = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("ANALYZE \"{}\".idempotency_keys", schema.name()))
+            .await
+            .expect("analyze");
+        client
+            .batch_execute(&format!(
+                "UPDATE pg_class SET reltuples = 1234 WHERE oid = '\"{}\".idempotency_keys'::regclass",
+                schema.name()
+            ))
+            .await
+            .expect("set the estimate");
+        let estimated = store.footprint().await.expect("footprint").expect("told");
+        assert_eq!(
+            estimated.records,
+            Some(1234),
+            "the catalog's figure: {estimated:?}"
+        );
+        drop(client);
+        let _ = connection.await;
         schema.drop().await;
     }
 }

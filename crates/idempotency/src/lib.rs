@@ -27,7 +27,8 @@ pub use idempotency_core::{
 };
 // Jobs and messages (`Engine::once`), and driving the engine by hand (`Engine::begin`, whose
 // request is a `Fingerprint` and whose answer a `StoredResponse`).
-/// The readiness probe and the histogram buckets, as `idempotency_core::monitoring`.
+/// The readiness probe, the histogram buckets, the gauges' names and the store's footprint, as
+/// `idempotency_core::monitoring`.
 pub use idempotency_core::monitoring;
 /// `Engine::once` and its context, as `idempotency_core::once`.
 pub use idempotency_core::once;

@@ -3,6 +3,7 @@
 
 use super::Shared;
 use super::heartbeat::Registration;
+use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
@@ -40,6 +41,8 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     /// The count this request took from its scope's limit on new keys, given back if its key
     /// turns out not to be new ([`Completion::Superseded`]).
     charge: Option<Charge>,
+    /// Its place among the keys this process holds in flight, until its outcome is settled.
+    in_flight: Option<InFlight>,
 }
 
 /// How a guard holds its key.
@@ -86,6 +89,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 lease: lease.clone(),
             }))
         });
+        let in_flight = Some(shared.in_flight.enter());
         Guard {
             shared,
             lease,
@@ -95,6 +99,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             holding: true,
             hold: Hold::Lease,
             charge: None,
+            in_flight,
         }
     }
 
@@ -108,6 +113,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         tx: Box<dyn StoreTransaction>,
         speculative: bool,
     ) -> Self {
+        let in_flight = Some(shared.in_flight.enter());
         Guard {
             shared,
             lease,
@@ -120,6 +126,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 speculative,
             },
             charge: None,
+            in_flight,
         }
     }
 
@@ -333,8 +340,15 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         }
     }
 
+    fn leave_in_flight(&mut self) {
+        if let Some(entry) = self.in_flight.take() {
+            self.shared.in_flight.leave(entry);
+        }
+    }
+
     fn finish(mut self, completion: Completion) -> Completion {
         self.holding = false;
+        self.leave_in_flight();
         if let (Completion::Superseded(_), Some(charge), Some(limiter)) =
             (&completion, self.charge.take(), &self.shared.limiter)
         {
@@ -350,6 +364,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
     fn drop(&mut self) {
         self.stop_heartbeat();
+        self.leave_in_flight();
         if !self.holding {
             return;
         }

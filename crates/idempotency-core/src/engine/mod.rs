@@ -12,6 +12,7 @@ mod completion;
 mod config;
 mod guard;
 mod heartbeat;
+pub(crate) mod in_flight;
 mod key_claim;
 mod limit;
 mod one_transaction;
@@ -101,6 +102,8 @@ pub(crate) struct Shared<S> {
     pub(crate) heartbeats: Arc<heartbeat::Schedule>,
     /// The keys of the store-call metrics.
     metrics: store_metrics::StoreMetrics,
+    /// The gauges of the keys this process holds in flight.
+    pub(crate) in_flight: in_flight::InFlightGauges,
     /// [`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope), when set.
     limiter: Option<limit::ScopeLimiter>,
 }
@@ -177,6 +180,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
                 metrics,
+                in_flight: in_flight::InFlightGauges::announce(),
                 limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
                 config,
                 store,

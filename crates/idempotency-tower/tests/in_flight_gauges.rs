@@ -1,0 +1,131 @@
+//! The gauges of the keys this process holds in flight, scraped from the Prometheus exporter
+//! while requests hold their keys: the count follows the requests, the oldest one's start moves
+//! only when the oldest finishes, a replay holds nothing, and a handler's failure (its key
+//! released) or its panic (its guard dropped) lets the key go from the gauges too. Its own test
+//! binary: the registry behind the gauges is the process's.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use idempotency_core::Scope;
+use idempotency_core::monitoring::{KEYS_IN_FLIGHT_METRIC, OLDEST_KEY_IN_FLIGHT_METRIC};
+use idempotency_memory::MemoryStore;
+use idempotency_tower::IdempotencyLayer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+/// Handlers wait for a permit: each permit added lets the longest-waiting one finish.
+fn app(gate: Arc<Semaphore>) -> Router {
+    Router::new()
+        .route(
+            "/hold",
+            post(move |body: Bytes| {
+                let gate = gate.clone();
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    match &body[..] {
+                        b"fail" => (StatusCode::INTERNAL_SERVER_ERROR, "failed"),
+                        b"panic" => panic!("the handler panics while holding its key"),
+                        _ => (StatusCode::CREATED, "made"),
+                    }
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::builder(MemoryStore::default())
+                .scope_with(|_| Scope::new("alice").ok())
+                .build(),
+        )
+}
+
+fn request(key: &str, body: &'static str) -> Request<Body> {
+    Request::post("/hold")
+        .header("idempotency-key", key)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// (keys in flight, oldest start) as the exporter renders them.
+fn scrape(handle: &PrometheusHandle) -> (f64, f64) {
+    let text = handle.render();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not exported: {text}"))
+    };
+    (
+        value(KEYS_IN_FLIGHT_METRIC),
+        value(OLDEST_KEY_IN_FLIGHT_METRIC),
+    )
+}
+
+/// Scrapes until the count is `want` (the request's task gets there in its own time).
+async fn count_becomes(handle: &PrometheusHandle, want: f64) -> (f64, f64) {
+    for _ in 0..500 {
+        let seen = scrape(handle);
+        if seen.0 == want {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("keys in flight never became {want}: {:?}", scrape(handle));
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gauges_follow_the_keys_this_process_holds() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(gate.clone());
+    assert_eq!(scrape(&handle), (0.0, 0.0), "exported before any request");
+
+    let before = unix_now();
+    let first = tokio::spawn(app.clone().oneshot(request("first", "a")));
+    let (_, first_start) = count_becomes(&handle, 1.0).await;
+    assert!(
+        first_start >= before.floor() && first_start <= unix_now(),
+        "{first_start} not between {before} and now"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn(app.clone().oneshot(request("second", "b")));
+    assert_eq!(count_becomes(&handle, 2.0).await, (2.0, first_start));
+
+    // The oldest finishes: the next one's start is the oldest now.
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    let (_, second_start) = count_becomes(&handle, 1.0).await;
+    assert!(
+        second_start >= first_start + 0.04,
+        "{second_start} is the second request's start, after {first_start}"
+    );
+
+    // A replay of the first holds nothing.
+    let replay = app.clone().oneshot(request("first", "a")).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(scrape(&handle), (1.0, second_start));
+
+    // A failed handler's key is released; a panicking handler's guard is dropped.
+    let failing = tokio::spawn(app.clone().oneshot(request("failing", "fail")));
+    let panicking = tokio::spawn(app.clone().oneshot(request("panicking", "panic")));
+    count_becomes(&handle, 3.0).await;
+    gate.add_permits(3);
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    let failed = failing.await.unwrap().unwrap();
+    assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let _ = panicking.await;
+    assert_eq!(count_becomes(&handle, 0.0).await, (0.0, 0.0));
+}
