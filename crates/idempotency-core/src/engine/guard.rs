@@ -202,24 +202,11 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             .as_ref()
             .is_some_and(TransactionSlot::discards_writes);
         let completion = match self.take_transaction().await {
-            Taken::Open { tx, used } => 'open: {
-                let tx = match self.settle(tx).await {
-                    Ok(tx) => tx,
-                    Err(answer) => break 'open answer,
-                };
-                if discard {
-                    break 'open self.store_without_writes(tx, response).await;
-                }
-                if !used && warn_unused && self.hold.is_transaction() {
-                    tracing::warn!(
-                        backend = self.shared.store.backend(),
-                        "ClaimMode::OneTransaction: the handler never took the request's \
-                         transaction, so whatever it did is outside it and not made once by it; \
-                         use ClaimMode::Lease for handlers whose side effects are not writes in \
-                         the transaction"
-                    );
-                }
-                self.commit(tx, response).await
+            // Boxed: settling and committing a transaction is most of this future's state, and
+            // a store without transactions (memory, Redis) never gets here; inline, every
+            // request's future would carry its size. One allocation beside a database commit.
+            Taken::Open { tx, used } => {
+                Box::pin(self.commit_transaction(tx, used, response, discard, warn_unused)).await
             }
             Taken::Busy => self.transaction_busy(),
             Taken::Unopened | Taken::Closed if self.hold.is_transaction() => {
@@ -235,12 +222,50 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self.finish(completion)
     }
 
+    /// The request's open transaction at completion: settles the key's lookup (speculative),
+    /// then commits the transaction with the response (or, when the handler's writes are to be
+    /// discarded, stores the response without them).
+    async fn commit_transaction(
+        &self,
+        tx: Box<dyn StoreTransaction>,
+        used: bool,
+        response: StoredResponse,
+        discard: bool,
+        warn_unused: bool,
+    ) -> Completion {
+        let tx = match self.settle(tx).await {
+            Ok(tx) => tx,
+            Err(answer) => return answer,
+        };
+        if discard {
+            return self.store_without_writes(tx, response).await;
+        }
+        if !used && warn_unused && self.hold.is_transaction() {
+            tracing::warn!(
+                backend = self.shared.store.backend(),
+                "ClaimMode::OneTransaction: the handler never took the request's \
+                 transaction, so whatever it did is outside it and not made once by it; \
+                 use ClaimMode::Lease for handlers whose side effects are not writes in \
+                 the transaction"
+            );
+        }
+        self.commit(tx, response).await
+    }
+
     /// Gives the key back so a retry can run at once, rolling back the request's transaction
     /// first. Call it when the side effect did not happen (the handler failed); a failed
     /// release is retried in the background until the lease runs out. In the speculative
     /// one-transaction mode the key may turn out to be another's (its lookup is read only
     /// now): then [`Completion::Superseded`], the answer the request gets instead.
-    pub async fn release(mut self) -> Completion {
+    pub async fn release(self) -> Completion {
+        // Boxed: the release's state (a rollback, the lookup's settling, a store call) is
+        // larger than the rest of most callers' futures, and it runs on the less common paths
+        // (a status not stored, a failed handler); inline, every request's future would carry
+        // its size, copied whenever the future is moved or boxed.
+        Box::pin(self.release_now()).await
+    }
+
+    async fn release_now(mut self) -> Completion {
         self.stop_heartbeat();
         match self.take_transaction().await {
             Taken::Open { tx, .. } => match self.settle(tx).await {
