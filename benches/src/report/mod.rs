@@ -32,6 +32,8 @@ pub(crate) struct Model {
 /// How the measurements were taken (for the text around them).
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
+    /// A `--quick` run.
+    pub(crate) quick: bool,
     pub(crate) requests: usize,
     pub(crate) floor_rounds: usize,
     pub(crate) floor_ops: usize,
@@ -77,6 +79,12 @@ pub(crate) struct Results {
 
 /// Runs everything and writes the report; returns its path.
 pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
+    let args = args.settled();
+    eprintln!(
+        "writing {}: {}",
+        args.out.display(),
+        args.expected_duration()
+    );
     let defaults = Servers::default();
     let servers = Servers {
         postgres: args.postgres.clone().unwrap_or(defaults.postgres),
@@ -338,6 +346,7 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
     };
     let results = Results {
         settings: Settings {
+            quick: args.quick,
             requests: args.requests,
             floor_rounds: args.floor_rounds,
             floor_ops: args.floor_ops,
