@@ -62,8 +62,9 @@ pub(crate) struct Statements {
     pub(crate) release: Sql,
     pub(crate) get: Sql,
     pub(crate) purge: Sql,
-    /// The table's size and row count from the catalog (the planner's estimate; counted, before
-    /// the table was first analyzed, which autovacuum does after its first few dozen writes):
+    /// The table's size and row count from the catalog (the planner's estimate; before the
+    /// table was first analyzed, which autovacuum does after its first few dozen writes, its rows
+    /// are counted, up to [`FOOTPRINT_COUNT_CAP`], so that a scrape never reads a large table):
     /// what a scrape may ask without reading the table.
     pub(crate) footprint: Sql,
     /// Opens a request's transaction: checks the claim inside it and marks the transaction.
@@ -152,6 +153,11 @@ pub(crate) const TX_MARK: &str = "idempotency.lease_token";
 const BEGAN: &str = "date_part('epoch', now())";
 /// The current transaction's id (assigned if it has none yet), as an `int8`.
 const XID: &str = "pg_current_xact_id()::text::int8";
+
+/// The most rows the footprint counts on a table never analyzed (autovacuum off, or a burst
+/// before its first run): a scrape reads at most this many, and a larger table reports this
+/// many until it is analyzed.
+pub(crate) const FOOTPRINT_COUNT_CAP: u32 = 100_000;
 
 /// The columns a record is read from, in this order: fingerprint, whether it is in flight, the
 /// time it has left in ms (its lease while in flight, its retention once completed), response
@@ -270,7 +276,7 @@ impl Statements {
             footprint: Sql::new(
                 format!(
                     "SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 \
-                                 ELSE (SELECT count(*) FROM {t}) END, \
+                                 ELSE (SELECT count(*) FROM (SELECT FROM {t} LIMIT {FOOTPRINT_COUNT_CAP}) AS s) END, \
                             pg_total_relation_size(oid) \
                      FROM pg_class WHERE oid = '{t}'::regclass"
                 ),

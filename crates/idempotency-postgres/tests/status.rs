@@ -132,4 +132,48 @@ mod postgres {
         let _ = connection.await;
         schema.drop().await;
     }
+
+    /// On a table never analyzed (here autovacuum is off for it) the footprint counts its rows,
+    /// but at most 100,000 of them, so a scrape never reads a large table: 100,010 rows report
+    /// 100,000 until the table is analyzed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_footprint_counts_at_most_its_cap_before_the_first_analyze() {
+        let schema = TestSchema::new("idem_footprint");
+        let store = PostgresStore::builder(postgres_url())
+            .schema(schema.name())
+            .table_mode(TableMode::Logged)
+            .build()
+            .await
+            .expect("store");
+        store.migrate().await.expect("migrate");
+        let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let connection = tokio::spawn(connection);
+        let table = format!("\"{}\".idempotency_keys", schema.name());
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {table} SET (autovacuum_enabled = false); \
+                 INSERT INTO {table} (user_id, key, request_hash, status_code, response, created_at, expires_at) \
+                 SELECT 'u', 'k' || i, '\\x01'::bytea, 201, '\\x01'::bytea, now(), now() + interval '1 hour' \
+                 FROM generate_series(1, 100010) AS i"
+            ))
+            .await
+            .expect("fill the table");
+        let footprint = store.footprint().await.expect("footprint").expect("told");
+        assert_eq!(footprint.records, Some(100_000), "{footprint:?}");
+        client
+            .batch_execute(&format!("ANALYZE {table}"))
+            .await
+            .expect("analyze");
+        let analyzed = store.footprint().await.expect("footprint").expect("told");
+        let records = analyzed.records.expect("estimated");
+        assert!(
+            (95_000..=105_000).contains(&records),
+            "the catalog's estimate after ANALYZE: {analyzed:?}"
+        );
+        drop(client);
+        let _ = connection.await;
+        schema.drop().await;
+    }
 }
