@@ -21,9 +21,8 @@ mod postgres {
         Fingerprint::of_request("POST", "/tasks", b"{}", BodyCanonicalization::Raw)
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn status_counts_records_expired_rows_and_claims_in_flight() {
-        let schema = TestSchema::new("idem_status");
+    /// A store on a LOGGED key table in `schema`, migrated.
+    async fn migrated_store(schema: &TestSchema) -> PostgresStore {
         let store = PostgresStore::builder(postgres_url())
             .schema(schema.name())
             .table_mode(TableMode::Logged)
@@ -31,6 +30,13 @@ mod postgres {
             .await
             .expect("store");
         store.migrate().await.expect("migrate");
+        store
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_counts_records_expired_rows_and_claims_in_flight() {
+        let schema = TestSchema::new("idem_status");
+        let store = migrated_store(&schema).await;
         let scope = Scope::new("operator").expect("scope");
 
         let empty = store.status().await.expect("status");
@@ -139,13 +145,7 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_footprint_counts_at_most_its_cap_before_the_first_analyze() {
         let schema = TestSchema::new("idem_footprint");
-        let store = PostgresStore::builder(postgres_url())
-            .schema(schema.name())
-            .table_mode(TableMode::Logged)
-            .build()
-            .await
-            .expect("store");
-        store.migrate().await.expect("migrate");
+        let store = migrated_store(&schema).await;
         let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
             .await
             .expect("connect");
