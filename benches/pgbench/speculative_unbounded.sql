@@ -1,10 +1,10 @@
 \set k random(1, 2000000000)
 \startpipeline
 BEGIN;
-SELECT l.began, r.expires_at IS NOT NULL, pg_current_xact_id()::text::int8 FROM (SELECT pg_try_advisory_xact_lock(hashtextextended('u' || E'\n' || :k::text, -6198228707280129454)), date_part('epoch', now())) AS l(locked, began) LEFT JOIN "public"."idempotency_keys" AS r ON r.user_id = 'u' AND r.key = :k::text WHERE 1 / (l.locked AND (r.expires_at > now()) IS NOT TRUE)::int = 1;
+SELECT l.began, r.expires_at IS NOT NULL, pg_current_xact_id()::text::int8 FROM (SELECT pg_try_advisory_xact_lock(:k::int8), date_part('epoch', now())) AS l(locked, began) LEFT JOIN "public"."idempotency_keys" AS r ON r.user_id = 'u' AND r.key = :k::text WHERE 1 / (l.locked AND (r.expires_at > now()) IS NOT TRUE)::int = 1;
 INSERT INTO tasks (title) VALUES ('task ' || :k);
 \endpipeline
 \startpipeline
-INSERT INTO "public"."idempotency_keys" (user_id, key, request_hash, status_code, response, created_at, expires_at) SELECT 'u', :k::text, '\x010101010101010101010101010101010101010101010101010101010101010101'::bytea, 201, '\xabababababababababababababababababababababababababababababababababababababababab'::bytea, statement_timestamp(), statement_timestamp() + make_interval(secs => 86400.0::float8) WHERE 1 / (date_part('epoch', now()) = date_part('epoch', now()))::int = 1 RETURNING 1;
+INSERT INTO "public"."idempotency_keys" (user_id, key, request_hash, status_code, response, created_at, expires_at) VALUES ('u', :k::text, '\x010101010101010101010101010101010101010101010101010101010101010101'::bytea, 201 / (date_part('epoch', now()) = date_part('epoch', now()))::int, '\xabababababababababababababababababababababababababababababababababababababababab'::bytea, statement_timestamp(), statement_timestamp() + make_interval(secs => 86400.0::float8));
 COMMIT;
 \endpipeline

@@ -326,14 +326,15 @@ pub trait DriverOps: Send + Sync + 'static {
     }
 
     /// Runs `sql` in `tx`, then `COMMIT` (pipelined where the driver can: one round trip). A
-    /// failed statement aborts the transaction, so nothing commits. The statement's result,
-    /// then the commit's.
+    /// failed statement aborts the transaction, so nothing commits. The statement's result
+    /// (the rows it wrote, or returned, as its command tag counts them; its rows are not
+    /// read), then the commit's.
     async fn commit_with(
         &self,
         tx: Self::Tx,
         sql: &Sql,
         params: &[Param<'_>],
-    ) -> (Result<Vec<Self::Row>, DriverError>, Result<(), DriverError>);
+    ) -> (Result<u64, DriverError>, Result<(), DriverError>);
 
     /// Rolls `tx` back and returns its connection to the pool (or closes it when it cannot).
     async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError>;

@@ -155,12 +155,12 @@ impl<D: Driver> OpenTransaction<D> {
             .commit_with(tx, &statements.tx_complete, &params)
             .await;
         match completed {
-            Ok(rows) if rows.len() == 1 => committed
+            Ok(1) => committed
                 .map(|()| CommitOutcome::Committed)
                 .map_err(commit_error),
             Ok(rows) => Err(StoreError::corrupt(
                 BACKEND,
-                CorruptRecord::Field(if rows.is_empty() {
+                CorruptRecord::Field(if rows == 0 {
                     "the completion returned no row"
                 } else {
                     "the completion returned several rows"

@@ -79,6 +79,8 @@ pub(crate) struct Statements {
     /// without waiting, marks the transaction, reads the live record.
     pub(crate) one_transaction_begin: Sql,
     pub(crate) speculative_lookup: Sql,
+    /// The seed of the one-transaction modes' advisory lock ids (see [`Statements::lock_id`]).
+    lock_seed: u64,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
     /// a unique violation (another request's record) or a missing mark aborts the transaction.
     pub(crate) one_transaction_insert: Sql,
@@ -110,9 +112,14 @@ const EXTEND: &[ParamType] = &[
     ParamType::Uuid,
     ParamType::Float8,
 ];
-/// The one-transaction modes' lookup: scope, key, and the longest the transaction may sit idle
-/// (ms).
-const KEY_HOLD: &[ParamType] = &[ParamType::Text, ParamType::Text, ParamType::Int8];
+/// The one-transaction modes' lookup: scope, key, the longest the transaction may sit idle
+/// (ms), and the key's advisory lock id ([`Statements::lock_id`]).
+const KEY_HOLD: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Int8,
+    ParamType::Int8,
+];
 /// The lease mode's check at `BEGIN`: scope, key, token, and the longest the transaction may sit
 /// idle (ms).
 const FENCED_HOLD: &[ParamType] = &[
@@ -133,13 +140,19 @@ const KEYED_INSERT: &[ParamType] = &[
 
 /// The seed of the one-transaction mode's advisory lock ids for the table `name`, so two tables
 /// (two stores on one database) lock apart: 64-bit FNV-1a of the qualified name.
-fn lock_seed(name: &TableName) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in name.qualified().bytes() {
+fn lock_seed(name: &TableName) -> u64 {
+    fnv1a(FNV_OFFSET, name.qualified().bytes())
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a of `bytes`, continuing from `hash`.
+fn fnv1a(mut hash: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+    for byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
-    i64::from_ne_bytes(hash.to_ne_bytes())
+    hash
 }
 
 /// The name of the transaction-local setting that marks a request's transaction with its lease
@@ -167,6 +180,20 @@ const RECORD_COLUMNS: &str = "request_hash, lease_token IS NOT NULL, \
      response";
 
 impl Statements {
+    /// The id of the advisory lock the one-transaction modes take for (`scope`, `key`): 64-bit
+    /// FNV-1a of the scope, a newline and the key, seeded per table. A collision (two keys, one
+    /// id) only makes an unrelated request answer 409 once.
+    pub(crate) fn lock_id(&self, scope: &str, key: &str) -> i64 {
+        let hash = fnv1a(
+            self.lock_seed,
+            scope
+                .bytes()
+                .chain(std::iter::once(b'\n'))
+                .chain(key.bytes()),
+        );
+        i64::from_ne_bytes(hash.to_ne_bytes())
+    }
+
     /// The text of the six store steps, for callers.
     pub(crate) fn sql(&self) -> StatementsSql<'_> {
         StatementsSql {
@@ -189,12 +216,11 @@ impl Statements {
             TableMode::LoggedAsyncCommit => ", set_config('synchronous_commit', 'on', true)",
             TableMode::Logged | TableMode::Unlogged => "",
         };
-        // The key's transaction-scoped advisory lock, tried without waiting: its id a 64-bit
-        // hash of (scope, key) seeded per table.
-        let lock = format!(
-            "pg_try_advisory_xact_lock(hashtextextended($1 || E'\\n' || $2, {}))",
-            lock_seed(name)
-        );
+        // The key's transaction-scoped advisory lock, tried without waiting: its id (`$4`) a
+        // 64-bit hash of (scope, key) seeded per table, computed by the store
+        // ([`Statements::lock_id`]): hashing in the statement cost the server more than the
+        // lock itself (a profile of the backend per transaction).
+        let lock = "pg_try_advisory_xact_lock($4)";
         // The key's hold bounded from the server's side: the transaction-local
         // `idle_in_transaction_session_timeout` (`$3`, ms; the engine's lease) ends the session
         // of a process that stopped answering in the middle of its request (frozen, or cut off
@@ -202,6 +228,7 @@ impl Statements {
         // a session lives until TCP gives up on it (hours) or for ever (a paused process).
         let bound = "set_config('idle_in_transaction_session_timeout', $3::int8::text, true)";
         Statements {
+            lock_seed: lock_seed(name),
             // One round trip. A live row visible to this statement is returned as it is, and
             // the insert is not attempted, so replays and in-flight duplicates only read (no
             // row lock, no WAL, no commit flush on a LOGGED table). Otherwise the insert claims
@@ -376,10 +403,12 @@ impl Statements {
                 ),
                 KEY_HOLD,
             ),
-            // Sent with `COMMIT` right behind it (one round trip): a plain insert, the cheapest
-            // write of a row. The check of the transaction's start (`$4`, read at `BEGIN`) is a
-            // one-time filter that divides by zero in another transaction (the handler ended
-            // the request's transaction itself); a live record of another
+            // Sent with `COMMIT` right behind it (one round trip): a plain insert of one row of
+            // values, the cheapest write of a row (no `SELECT`, no `RETURNING`: the command tag
+            // says the row was written; each costs the server another plan node to set up per
+            // execution). The check of the transaction's start (`$4`, read at `BEGIN`) is
+            // folded into the status it stores, and divides by zero in another transaction (the
+            // handler ended the request's transaction itself); a live record of another
             // request makes the unique index refuse the row. Either error aborts the
             // transaction, so the `COMMIT` behind it rolls back the handler's writes. A
             // duplicate's uncommitted row makes it wait for that transaction, then decide.
@@ -387,10 +416,8 @@ impl Statements {
                 format!(
                     "INSERT INTO {t} (user_id, key, request_hash, status_code, response, \
                        created_at, expires_at) \
-                     SELECT $1, $2, $3, $5, $6, statement_timestamp(), \
-                       statement_timestamp() + make_interval(secs => $7) \
-                     WHERE 1 / ({BEGAN} = $4)::int = 1 \
-                     RETURNING 1"
+                     VALUES ($1, $2, $3, $5 / ({BEGAN} = $4)::int, $6, statement_timestamp(), \
+                       statement_timestamp() + make_interval(secs => $7))"
                 ),
                 KEYED_INSERT,
             ),

@@ -124,12 +124,12 @@ impl<D: Driver> OpenTransaction<D> {
         ];
         let (inserted, committed) = self.core.driver.commit_with(tx, sql, &params).await;
         match inserted {
-            Ok(rows) if rows.len() == 1 => committed
+            Ok(1) => committed
                 .map(|()| CommitOutcome::Committed)
                 .map_err(commit_error),
             Ok(_) => Err(StoreError::corrupt(
                 BACKEND,
-                CorruptRecord::Field("the completion returned no row or several"),
+                CorruptRecord::Field("the completion wrote no row or several"),
             )),
             // Refused, and rolled back. Whose record stands, if any?
             Err(error) if error.is(DIVISION_BY_ZERO) || error.is(UNIQUE_VIOLATION) => {
@@ -161,14 +161,16 @@ impl<D: Driver> StoreCore<D> {
         token: LeaseToken,
         hold: Duration,
     ) -> Result<Begun<D>, StoreError> {
+        let statements = &self.table.statements;
         let params = [
             Param::Text(scope.as_str()),
             Param::Text(key.as_str()),
             Param::Int8(idle_limit_ms(hold)),
+            Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
         ];
         let (tx, rows) = self
             .driver
-            .begin_with(&self.table.statements.one_transaction_begin, &params)
+            .begin_with(&statements.one_transaction_begin, &params)
             .await?;
         let Some(row) = rows.first() else {
             return Err(StoreError::corrupt(
@@ -213,14 +215,16 @@ impl<D: Driver> StoreCore<D> {
                 .begin_one_transaction(scope, key, fingerprint, token, hold)
                 .await;
         }
+        let statements = &self.table.statements;
         let params = [
             Param::Text(scope.as_str()),
             Param::Text(key.as_str()),
             Param::Int8(idle_limit_ms(hold)),
+            Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
         ];
         let (tx, lookup) = self
             .driver
-            .begin_queued(&self.table.statements.speculative_lookup, &params)
+            .begin_queued(&statements.speculative_lookup, &params)
             .await?;
         // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {

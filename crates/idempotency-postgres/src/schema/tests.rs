@@ -38,3 +38,33 @@ fn purge_job_escapes_its_literals() {
     let hostile = render(2, &name, TableMode::Unlogged, "'); DROP TABLE x; --");
     assert!(hostile.contains("''); DROP TABLE x; --'"));
 }
+
+#[test]
+fn lock_ids_are_stable_and_apart_per_table() {
+    let keys = Statements::new(
+        &TableName::new("public", "idempotency_keys").unwrap(),
+        TableMode::Logged,
+    );
+    let other = Statements::new(&TableName::new("app", "keys").unwrap(), TableMode::Logged);
+    // Pinned: instances of one deployment must agree on a key's lock id, so a change of the
+    // hash is a deliberate one (a rolling upgrade then runs two ids for a while, and the
+    // unique index alone answers duplicates that straddle the two versions).
+    assert_eq!(keys.lock_id("user-1", "key-1"), PINNED);
+    assert_ne!(
+        keys.lock_id("user-1", "key-1"),
+        other.lock_id("user-1", "key-1")
+    );
+    assert_ne!(
+        keys.lock_id("user-1", "key-1"),
+        keys.lock_id("user-1", "key-2")
+    );
+    assert_ne!(
+        keys.lock_id("user-1", "key-1"),
+        keys.lock_id("user-2", "key-1")
+    );
+    // The separator keeps (scope, key) pairs apart (a scope holds no newline).
+    assert_ne!(keys.lock_id("ab", "c"), keys.lock_id("a", "bc"));
+}
+
+/// FNV-1a 64 of `"public"."idempotency_keys"`, then of `user-1\nkey-1` (checked with Python).
+const PINNED: i64 = 1_695_926_962_846_104_108;

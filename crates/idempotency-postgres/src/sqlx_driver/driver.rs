@@ -143,9 +143,9 @@ impl DriverOps for Sqlx {
         mut tx: Self::Tx,
         sql: &Sql,
         params: &[Param<'_>],
-    ) -> (Result<Vec<PgRow>, DriverError>, Result<(), DriverError>) {
-        match bound(sql, params).fetch_all(&mut *tx).await {
-            Ok(rows) => {
+    ) -> (Result<u64, DriverError>, Result<(), DriverError>) {
+        match bound(sql, params).execute(&mut *tx).await {
+            Ok(done) => {
                 let committed = match tokio::spawn(tx.commit()).await {
                     Ok(committed) => committed.map_err(driver_error),
                     Err(join) => Err(DriverError {
@@ -153,7 +153,7 @@ impl DriverOps for Sqlx {
                         error: StoreError::from_failure(BACKEND, true, join),
                     }),
                 };
-                (Ok(rows), committed)
+                (Ok(done.rows_affected()), committed)
             }
             Err(error) => {
                 if let Err(rollback) = tx.rollback().await {

@@ -258,7 +258,7 @@ impl DriverOps for TokioPostgres {
         tx: TokioTx,
         sql: &Sql,
         params: &[Param<'_>],
-    ) -> (Result<Vec<Row>, DriverError>, Result<(), DriverError>) {
+    ) -> (Result<u64, DriverError>, Result<(), DriverError>) {
         // Ready (prepared) before the pipeline: the statement must go out before the COMMIT.
         let prepared = self.prepared();
         let ready = match sql.ready(&tx, prepared).await {
@@ -272,7 +272,7 @@ impl DriverOps for TokioPostgres {
         // One round trip: the statement and the COMMIT are pipelined. A failed statement
         // aborts the transaction, so the COMMIT behind it rolls back.
         let (rows, committed) = tokio::join!(
-            ready.query(&tx, &refs[..params.len()]),
+            ready.execute(&tx, &refs[..params.len()]),
             tx.batch_execute("COMMIT")
         );
         // The transaction ended either way: the connection goes back to the pool as it is.

@@ -54,10 +54,10 @@ impl Sql {
         params: &[&(dyn ToSql + Sync)],
         prepared: bool,
     ) -> Result<u64, tokio_postgres::Error> {
-        match self.ready(client, prepared).await? {
-            Ready::Prepared(statement) => client.execute(&statement, params).await,
-            Ready::Unnamed(sql) => client.execute_typed(&sql.text, &sql.typed(params)).await,
-        }
+        self.ready(client, prepared)
+            .await?
+            .execute(client, params)
+            .await
     }
 
     fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
@@ -83,6 +83,18 @@ impl Ready<'_> {
         match self {
             Ready::Prepared(statement) => Ready::Prepared(statement),
             Ready::Unnamed(sql) => Ready::Unnamed(std::borrow::Cow::Owned(sql.into_owned())),
+        }
+    }
+
+    /// Sends the statement with `params`; the number of rows it wrote (or returned, unread).
+    pub(crate) async fn execute(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match self {
+            Ready::Prepared(statement) => client.execute(statement, params).await,
+            Ready::Unnamed(sql) => client.execute_typed(&sql.text, &sql.typed(params)).await,
         }
     }
 
