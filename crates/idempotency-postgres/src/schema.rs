@@ -76,13 +76,17 @@ pub(crate) struct Statements {
     /// After the handler ended the request's transaction itself: did it commit or roll back?
     pub(crate) tx_status: Sql,
     /// One-transaction mode, sent right behind `BEGIN`: takes the key's transaction lock
-    /// without waiting, marks the transaction, reads the live record.
+    /// without waiting (its id a parameter, [`Statements::lock_id`]), reads the transaction's
+    /// start and id, sets the idle bound, and reads the live record.
     pub(crate) one_transaction_begin: Sql,
+    /// Speculative mode, queued right behind `BEGIN`: the same lock and reads, aborting the
+    /// transaction when the key is taken.
     pub(crate) speculative_lookup: Sql,
     /// The seed of the one-transaction modes' advisory lock ids (see [`Statements::lock_id`]).
     lock_seed: u64,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
-    /// a unique violation (another request's record) or a missing mark aborts the transaction.
+    /// a unique violation (another request's record), or a transaction that did not start when
+    /// the lookup's did (the handler ended it), aborts the transaction.
     pub(crate) one_transaction_insert: Sql,
     /// One-transaction mode, when the lookup saw an expired record of the key: the same, taking
     /// that record over.
