@@ -7,7 +7,7 @@ use sections::*;
 
 use super::Model;
 use super::Results;
-use super::measure::{Cell, Compare, Floor, PgVolume};
+use super::measure::{Cell, PgVolume};
 use idempotency::TableMode;
 use idempotency_bench::Target;
 use idempotency_bench::http::{HttpCompare, Workload};
@@ -225,17 +225,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         purge_section(w, purges, churn)?;
     }
     capacity(w, &settings.model, cells, volumes)?;
-    verdict(
-        w,
-        http,
-        http_pg,
-        cells,
-        compares,
-        floors,
-        volumes,
-        env.fsync_before_us,
-        *fsync_after_us,
-    )?;
+    verdict(w, results)?;
     Ok(md)
 }
 
@@ -371,18 +361,20 @@ fn http_verdict(w: &mut String, http: &[HttpCompare], http_pg: &[PgRow]) -> fmt:
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn verdict(
-    w: &mut String,
-    http: &[HttpCompare],
-    http_pg: &[PgRow],
-    cells: &[Cell],
-    compares: &[Compare],
-    floors: &[Floor],
-    volumes: &[PgVolume],
-    fsync_before: Option<f64>,
-    fsync_after: Option<f64>,
-) -> fmt::Result {
+/// The verdict, read off every result of the run.
+fn verdict(w: &mut String, results: &Results) -> fmt::Result {
+    let Results {
+        http,
+        http_pg,
+        cells,
+        compares,
+        floors,
+        volumes,
+        environment,
+        fsync_after_us: fsync_after,
+        ..
+    } = results;
+    let (fsync_before, fsync_after) = (environment.fsync_before_us, *fsync_after);
     writeln!(w, "\n## Verdict (from the numbers above)\n")?;
     http_verdict(w, http, http_pg)?;
     if !http.is_empty() || !http_pg.is_empty() {
