@@ -300,6 +300,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 return match guard.release().await {
                     Completion::Superseded(superseded) => superseded_outcome(superseded),
                     _ if misused => Err(OnceError::TransactionMisused),
+                    // The speculative lookup could not be settled: the work's error may come
+                    // from statements refused because the key was another's. Not passed on.
+                    Completion::RolledBack(cause) => Err(OnceError::NotCommitted(cause)),
                     _ => Err(OnceError::Work(error)),
                 };
             }

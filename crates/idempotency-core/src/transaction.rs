@@ -178,6 +178,22 @@ pub enum CommitOutcome {
     Superseded(Record),
 }
 
+/// What [`StoreTransaction::discard_writes_and_store`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DiscardOutcome {
+    /// The answer is the key's completed record, stored while this transaction still held the
+    /// key; the transaction then rolled back, so none of the handler's writes exist.
+    Stored,
+    /// Another request's record stood for the key (the answer was not stored); the
+    /// transaction rolled back. The record is the one that stands.
+    Superseded(Record),
+    /// The transaction rolled back and nothing was stored: the key is no longer held by it.
+    /// The engine stores the answer with the store's primitives, and answers with whatever
+    /// stands if another request took the key in between.
+    RolledBack,
+}
+
 /// An open transaction of a [`TransactionalStore`], bound to one claim.
 ///
 /// Implementations also expose the database handle the handler writes with (through `Deref`
@@ -204,6 +220,29 @@ pub trait StoreTransaction: Send + Sync + 'static {
 
     /// Rolls the transaction back: none of its writes exist afterwards.
     async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// Rolls the handler's writes back and stores `response` for `retention` as the key's
+    /// completed record ([`TransactionSlot::discard_writes`]), keeping the key held from its
+    /// lookup until the record lands: in the one-transaction modes the transaction's lock is the
+    /// only hold on the key, so a store that can write the record elsewhere (another
+    /// connection) before it rolls back does so, and a duplicate never finds the key free
+    /// between the rollback and the record (it would run, and a committed order would stand
+    /// beside a stored refusal).
+    ///
+    /// The default rolls back and answers [`DiscardOutcome::RolledBack`]: the engine then
+    /// claims the key and stores the answer itself, and answers with what stands if another
+    /// request took the key in between. An `Err` that
+    /// [`is_unreachable`](StoreError::is_unreachable) means the record may or may not have
+    /// landed; any other `Err`, that it did not. Either way the writes are rolled back.
+    async fn discard_writes_and_store(
+        self: Box<Self>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<DiscardOutcome, StoreError> {
+        let _ = (response, retention);
+        self.rollback().await?;
+        Ok(DiscardOutcome::RolledBack)
+    }
 
     /// For a transaction of [`TransactionalStore::begin_one_transaction_speculative`]: waits for the
     /// key's lookup and says what it found; on anything but [`Settled::Proceed`] the

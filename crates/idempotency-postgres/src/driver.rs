@@ -291,6 +291,16 @@ pub trait DriverOps: Send + Sync + 'static {
         undo: Undo<'_>,
     ) -> Result<Vec<Self::Row>, DriverError>;
 
+    /// Runs `sql` like [`Driver::query`] if a connection can be had from the pool without
+    /// waiting for one to be returned (an idle one, or a new one while the pool is below its
+    /// size); `None` when every connection is in use. For a caller that holds a connection
+    /// already: waiting for a second one could wait for itself.
+    async fn query_without_waiting(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Option<Result<Vec<Self::Row>, DriverError>>;
+
     /// Runs `sql` on a pooled connection; the number of rows it changed.
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError>;
 
@@ -338,6 +348,20 @@ pub trait DriverOps: Send + Sync + 'static {
 
     /// Rolls `tx` back and returns its connection to the pool (or closes it when it cannot).
     async fn rollback(&self, tx: Self::Tx) -> Result<(), DriverError>;
+
+    /// Rolls `tx` back, then runs `sql` on the same connection (pipelined where the driver
+    /// can: one round trip, and no second connection from the pool, which may be held by the
+    /// very transactions this one waits behind). The rollback's result, then the statement's.
+    /// By default, [`Driver::rollback`] and then [`Driver::query`] on a pooled connection.
+    async fn rollback_and_query(
+        &self,
+        tx: Self::Tx,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> (Result<(), DriverError>, Result<Vec<Self::Row>, DriverError>) {
+        let rolled_back = self.rollback(tx).await;
+        (rolled_back, self.query(sql, params).await)
+    }
 
     /// Checks the table's state sentinel on a pooled connection (see
     /// `PostgresStore::check_state`).

@@ -11,7 +11,8 @@ use crate::primitives::StoreCore;
 use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, OneTransactionBegin, StoreTransaction, TransactionalStore,
+    CommitOutcome, CorruptRecord, DiscardOutcome, OneTransactionBegin, StoreTransaction,
+    TransactionalStore,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
@@ -129,6 +130,31 @@ impl<D: Driver> OpenTransaction<D> {
         match self.at_commit {
             Some(at_commit) => self.insert_and_commit(at_commit, response, retention).await,
             None => self.update_and_commit(response, retention).await,
+        }
+    }
+
+    /// Rolls the handler's writes back and stores `response` without them (see
+    /// [`StoreTransaction::discard_writes_and_store`]): in the one-transaction modes before the
+    /// transaction lets the key go; in the lease mode the claim's record holds the key, and the
+    /// engine completes it after the rollback.
+    pub(crate) async fn discard_writes_and_store(
+        &mut self,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<DiscardOutcome, StoreError> {
+        // A speculative transaction the engine did not settle first.
+        match self.settle().await? {
+            Settled::Proceed => {}
+            Settled::Existing(record) => return Ok(DiscardOutcome::Superseded(record)),
+            // Busy: rolled back, a duplicate holds the key; the engine's claim finds it.
+            _ => return Ok(DiscardOutcome::RolledBack),
+        }
+        match self.at_commit {
+            Some(at_commit) => self.discard_and_store(at_commit, response, retention).await,
+            None => {
+                self.rollback().await?;
+                Ok(DiscardOutcome::RolledBack)
+            }
         }
     }
 
@@ -327,6 +353,14 @@ impl<D: Driver> StoreTransaction for PgTransaction<D> {
 
     async fn rollback(mut self: Box<Self>) -> Result<(), StoreError> {
         self.0.rollback().await
+    }
+
+    async fn discard_writes_and_store(
+        mut self: Box<Self>,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<DiscardOutcome, StoreError> {
+        self.0.discard_writes_and_store(response, retention).await
     }
 
     async fn settle(&mut self) -> Result<Settled, StoreError> {

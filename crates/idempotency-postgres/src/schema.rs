@@ -91,6 +91,10 @@ pub(crate) struct Statements {
     /// One-transaction mode, when the lookup saw an expired record of the key: the same, taking
     /// that record over.
     pub(crate) one_transaction_takeover: Sql,
+    /// One-transaction modes, on another connection while the request's transaction still
+    /// holds the key: inserts an answer whose writes were discarded as the key's completed
+    /// record (taking over an expired row); a row only when it did.
+    pub(crate) discarded_insert: Sql,
 }
 
 const KEY: &[ParamType] = &[ParamType::Text, ParamType::Text];
@@ -131,6 +135,15 @@ const FENCED_HOLD: &[ParamType] = &[
     ParamType::Text,
     ParamType::Uuid,
     ParamType::Int8,
+];
+/// An answer stored without its writes: scope, key, fingerprint, status, response, retention.
+const DISCARDED_INSERT: &[ParamType] = &[
+    ParamType::Text,
+    ParamType::Text,
+    ParamType::Bytea,
+    ParamType::Int4,
+    ParamType::Bytea,
+    ParamType::Float8,
 ];
 const KEYED_INSERT: &[ParamType] = &[
     ParamType::Text,
@@ -445,6 +458,24 @@ impl Statements {
                      SELECT 1 / count(*)::int FROM done"
                 ),
                 KEYED_INSERT,
+            ),
+            // On its own connection (autocommit), while the request's transaction holds the
+            // key's lock: duplicates find the key busy until this lands, and the record after.
+            discarded_insert: Sql::new(
+                format!(
+                    "INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \
+                       locked_until, status_code, response, created_at, expires_at) \
+                     VALUES ($1, $2, $3, NULL, NULL, $4, $5, now(), \
+                       now() + make_interval(secs => $6)) \
+                     ON CONFLICT (user_id, key) DO UPDATE SET \
+                       request_hash = EXCLUDED.request_hash, lease_token = NULL, \
+                       locked_until = NULL, status_code = EXCLUDED.status_code, \
+                       response = EXCLUDED.response, created_at = EXCLUDED.created_at, \
+                       expires_at = EXCLUDED.expires_at \
+                     WHERE r.expires_at <= now() \
+                     RETURNING 1"
+                ),
+                DISCARDED_INSERT,
             ),
         }
     }

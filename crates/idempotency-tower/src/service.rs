@@ -223,10 +223,10 @@ where
                 &route,
                 Refused(Problem::Mismatch, Outcome::Mismatch),
             )),
-            Ok(Begin::Proceed(guard)) => {
-                Outcome::Executed.record(&route);
-                run_once(inner, shared, guard, request, route).await
-            }
+            // Counted once its answer is known: `executed` when the handler's answer (or the
+            // library's word on its commit) goes out, else as the record or the failure that
+            // answered instead (a replay, a conflict, a mismatch, a failed handler).
+            Ok(Begin::Proceed(guard)) => run_once(inner, shared, guard, request, route).await,
         }
     }
     .instrument(span)
@@ -287,6 +287,7 @@ where
                     if let Completion::Superseded(other) = guard.release().await {
                         return Ok(superseded(&shared, &route, other));
                     }
+                    Outcome::Executed.record(&route);
                     return Err(e);
                 }
             };
@@ -298,6 +299,7 @@ where
                 if let Completion::Superseded(other) = guard.release().await {
                     return Ok(superseded(&shared, &route, other));
                 }
+                Outcome::Executed.record(&route);
                 return Ok(answer(&shared, problem.clone()));
             }
             let policy = &shared.settings.replay_policy;
@@ -308,10 +310,27 @@ where
                 // The policy does not keep this status, or the handler said not to: its
                 // transaction rolls back and the key is released, so the retry runs on a clean
                 // slate.
-                if let Completion::Superseded(other) = guard.release().await {
-                    return Ok(superseded(&shared, &route, other));
+                let released = guard.release().await;
+                if !matches!(released, Completion::Superseded(_)) {
+                    Outcome::Executed.record(&route);
                 }
-                return Ok(Response::from_parts(parts, boxed(body)));
+                match released {
+                    Completion::Superseded(other) => {
+                        return Ok(superseded(&shared, &route, other));
+                    }
+                    // The speculative lookup could not be settled: the handler may have built
+                    // its answer from statements the database refused (the key was another's),
+                    // so it is not passed on. Nothing committed; the retry tells the truth.
+                    Completion::RolledBack(_) => {
+                        return Ok(answer(
+                            &shared,
+                            Problem::NotCommitted {
+                                retry_after: RETRY_AFTER,
+                            },
+                        ));
+                    }
+                    _ => return Ok(Response::from_parts(parts, boxed(body))),
+                }
             }
             let cap = shared.settings.max_stored_body;
             let (stored, body) = match keep_up_to(body, cap).await {
@@ -335,7 +354,11 @@ where
                     ));
                 }
             };
-            let answer = match guard.complete_with(policy, stored).await {
+            let completion = guard.complete_with(policy, stored).await;
+            if !matches!(completion, Completion::Superseded(_)) {
+                Outcome::Executed.record(&route);
+            }
+            let answer = match completion {
                 Completion::RolledBack(RollbackCause::LeaseLost) => Problem::InFlight {
                     retry_after: RETRY_AFTER,
                 },
@@ -387,7 +410,7 @@ pub struct NotStored;
 
 /// Put in a response's extensions to say that the handler produced it after it began its work,
 /// so the layer stores it even with a status a framework rejects requests with before the
-/// handler runs (400, 411, 413, 415, 422 by default; see
+/// handler runs (400, 404, 405, 411, 413, 415, 422 by default; see
 /// [`rejection_statuses`](crate::IdempotencyLayerBuilder::rejection_statuses)). For a handler
 /// that changed something and then answers one of those: its retry must replay, not run again.
 /// In axum, return `(Extension(Final), StatusCode::UNPROCESSABLE_ENTITY, ...)`.

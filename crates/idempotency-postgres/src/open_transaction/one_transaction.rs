@@ -9,7 +9,9 @@ use crate::driver::{
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
-use idempotency_core::store::{CommitOutcome, CorruptRecord, OneTransactionBegin, Record};
+use idempotency_core::store::{
+    CommitOutcome, CorruptRecord, DiscardOutcome, OneTransactionBegin, Record,
+};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -84,8 +86,10 @@ impl<D: Driver> OpenTransaction<D> {
                 Ok(Settled::Proceed)
             }
             Err(error) if error.is(DIVISION_BY_ZERO) => {
-                self.rollback().await?;
-                Ok(match self.core.get(&self.scope, &self.key).await? {
+                // Read on the connection the transaction held, behind its ROLLBACK: a replay
+                // needs no second connection, and does not queue for the pool behind the
+                // writers that hold it.
+                Ok(match self.rollback_and_get().await? {
                     Some(record) => Settled::Existing(record),
                     None => Settled::Busy,
                 })
@@ -144,6 +148,73 @@ impl<D: Driver> OpenTransaction<D> {
                 }
             }
             Err(error) => Err(commit_error(error)),
+        }
+    }
+}
+
+impl<D: Driver> OpenTransaction<D> {
+    /// Rolls the transaction back and reads the key's live record on its connection.
+    async fn rollback_and_get(&mut self) -> Result<Option<Record>, StoreError> {
+        self.lookup = None;
+        let tx = self.take()?;
+        let params = [
+            Param::Text(self.scope.as_str()),
+            Param::Text(self.key.as_str()),
+        ];
+        let get = &self.core.table.statements.get;
+        let (rolled_back, rows) = self.core.driver.rollback_and_query(tx, get, &params).await;
+        rolled_back?;
+        let rows = rows?;
+        rows.first().map(|row| record_from_row(row, 0)).transpose()
+    }
+
+    /// One-transaction modes: stores `response` as the key's record without the handler's
+    /// writes, on another connection while this transaction still holds the key's lock, then
+    /// rolls back (see
+    /// [`StoreTransaction::discard_writes_and_store`](idempotency_core::store::StoreTransaction::discard_writes_and_store)).
+    /// With no connection to be had at once (the pool is the app's transactions'), it rolls back
+    /// first and the engine claims the key: waiting for a second connection while holding one
+    /// could wait for ever on a small pool.
+    pub(super) async fn discard_and_store(
+        &mut self,
+        at_commit: AtCommit,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<DiscardOutcome, StoreError> {
+        let encoded = response.encode();
+        let hash = at_commit.fingerprint.to_bytes();
+        let params = [
+            Param::Text(self.scope.as_str()),
+            Param::Text(self.key.as_str()),
+            Param::Bytes(&hash[..]),
+            Param::Int4(i32::from(response.status().as_u16())),
+            Param::Bytes(&encoded[..]),
+            Param::Float8(retention.as_secs_f64()),
+        ];
+        let statement = &self.core.table.statements.discarded_insert;
+        let inserted = self
+            .core
+            .driver
+            .query_without_waiting(statement, &params)
+            .await;
+        // The record landed (or was refused) while the lock held the key: now it may go.
+        if let Err(error) = self.rollback().await {
+            tracing::warn!(
+                backend = BACKEND,
+                error = %idempotency_core::ErrorChain(&error),
+                "could not roll back the discarded transaction; it ends with its connection"
+            );
+        }
+        match inserted {
+            None => Ok(DiscardOutcome::RolledBack),
+            Some(Ok(rows)) if !rows.is_empty() => Ok(DiscardOutcome::Stored),
+            // A live record stands (another mode's claim, a record older than this lookup).
+            Some(Ok(_)) => Ok(match self.core.get(&self.scope, &self.key).await? {
+                Some(record) => DiscardOutcome::Superseded(record),
+                // It expired in between: the engine claims the key.
+                None => DiscardOutcome::RolledBack,
+            }),
+            Some(Err(error)) => Err(error.into()),
         }
     }
 }

@@ -112,6 +112,21 @@ impl DriverOps for Sqlx {
         result
     }
 
+    async fn query_without_waiting(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Option<Result<Vec<PgRow>, DriverError>> {
+        // An idle connection only: sqlx opens new ones for waiting callers.
+        let mut connection = self.pool.try_acquire()?;
+        Some(
+            bound(sql, params)
+                .fetch_all(&mut *connection)
+                .await
+                .map_err(driver_error),
+        )
+    }
+
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
         let done = bound(sql, params)
             .execute(&self.pool)

@@ -213,6 +213,29 @@ impl DriverOps for TokioPostgres {
         result
     }
 
+    async fn query_without_waiting(
+        &self,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> Option<Result<Vec<Row>, DriverError>> {
+        let mut timeouts = self.pool.timeouts();
+        // Zero: deadpool tries for a permit without waiting.
+        timeouts.wait = Some(std::time::Duration::ZERO);
+        let client = match self.pool.timeout_get(&timeouts).await {
+            Ok(client) => client,
+            Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {
+                return None;
+            }
+            Err(error) => {
+                return Some(Err(DriverError {
+                    sqlstate: None,
+                    error: pool_error(error),
+                }));
+            }
+        };
+        Some(self.query_on(&client, sql, params).await)
+    }
+
     async fn execute(&self, sql: &Sql, params: &[Param<'_>]) -> Result<u64, DriverError> {
         let client = self.client().await?;
         let refs = sql_params(params);
@@ -295,6 +318,28 @@ impl DriverOps for TokioPostgres {
                 Err(driver_error(error))
             }
         }
+    }
+
+    async fn rollback_and_query(
+        &self,
+        tx: TokioTx,
+        sql: &Sql,
+        params: &[Param<'_>],
+    ) -> (Result<(), DriverError>, Result<Vec<Row>, DriverError>) {
+        let Some(client) = tx.end() else {
+            return (Ok(()), self.query(sql, params).await);
+        };
+        // Polled in this order, the ROLLBACK goes out first, and the statement (its one-time
+        // prepare included) behind it on the same connection.
+        let (rolled_back, rows) = tokio::join!(
+            client.batch_execute("ROLLBACK"),
+            self.query_on(&client, sql, params)
+        );
+        if rolled_back.is_err() {
+            // Closed instead: that ends the transaction on the server.
+            close(client);
+        }
+        (rolled_back.map_err(driver_error), rows)
     }
 
     fn queues_statements(&self) -> bool {

@@ -6,7 +6,9 @@ use super::{Completion, Guard, Hold, RollbackCause, Superseded};
 use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
 use crate::engine::retry::spawn_release;
 use crate::engine::{Judged, judge};
-use crate::store::{ClaimOutcome, CommitOutcome, FenceOutcome, Record, StoreTransaction};
+use crate::store::{
+    ClaimOutcome, CommitOutcome, DiscardOutcome, FenceOutcome, Record, StoreTransaction,
+};
 use crate::store::{Settled, StoreOp};
 use crate::{ErrorChain, IdempotencyStore, StoredResponse};
 use std::sync::Arc;
@@ -164,27 +166,97 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         }
     }
 
-    /// Rolls the request's transaction back and stores the response on its own
-    /// ([`TransactionSlot::discard_writes`](crate::TransactionSlot::discard_writes)).
+    /// Rolls the handler's writes back and stores the response on its own
+    /// ([`TransactionSlot::discard_writes`](crate::TransactionSlot::discard_writes)), the key held
+    /// from its lookup until the record lands: the store writes the record before its
+    /// transaction lets the key go where it can; otherwise the key is claimed right after the
+    /// rollback, and a request that took it in between is what the client is answered with
+    /// (one answer per key: a refusal never stands beside a committed effect).
     pub(super) async fn store_without_writes(
         &self,
         tx: Box<dyn StoreTransaction>,
         response: StoredResponse,
     ) -> Completion {
-        if let Err(error) = self.shared.call(StoreOp::Rollback, tx.rollback()).await {
-            // Nothing commits on a transaction that failed to roll back: it ends with its
-            // connection. Storing the answer is still right.
-            tracing::warn!(
-                backend = self.shared.store.backend(),
-                error = %ErrorChain(&error),
-                "could not roll back the discarded transaction; it ends with its connection"
-            );
+        let shared = &self.shared;
+        let discarded = shared
+            .call(
+                StoreOp::Commit,
+                tx.discard_writes_and_store(&response, shared.config.retention),
+            )
+            .await;
+        match discarded {
+            Ok(DiscardOutcome::Stored) => Completion::Stored,
+            Ok(DiscardOutcome::Superseded(record)) => {
+                Completion::Superseded(self.superseded_by(record))
+            }
+            Ok(DiscardOutcome::RolledBack) => self.store_after_rollback(response).await,
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not store the answer whose writes were discarded; they are rolled back"
+                );
+                if !self.hold.is_transaction() {
+                    // The claim's record still holds the key: give it back for the retry.
+                    spawn_release(Arc::clone(shared), self.lease.clone(), "discard not stored");
+                }
+                if error.is_unreachable() {
+                    Completion::OutcomeUnknown
+                } else {
+                    Completion::RolledBack(RollbackCause::Store)
+                }
+            }
         }
-        self.store_after_handler_commit(response).await
+    }
+
+    /// Stores the answer of a request whose transaction rolled back (its writes discarded):
+    /// with the lease mode's claim, which held the key throughout; in the one-transaction
+    /// modes the key is claimed first, and if another request took it since the rollback, the
+    /// client gets what that request stands for.
+    async fn store_after_rollback(&self, response: StoredResponse) -> Completion {
+        let shared = &self.shared;
+        let lease = &self.lease;
+        if let Hold::Transaction { fingerprint, .. } = self.hold {
+            let claimed = shared
+                .call(
+                    StoreOp::Claim,
+                    shared.store.claim(
+                        lease.scope(),
+                        lease.key(),
+                        &fingerprint,
+                        lease.token(),
+                        shared.config.lease,
+                    ),
+                )
+                .await;
+            match claimed {
+                Ok(ClaimOutcome::Claimed) => {}
+                Ok(ClaimOutcome::Existing(record)) => {
+                    tracing::debug!(
+                        backend = shared.store.backend(),
+                        "another request took the key after the discarded writes rolled back: \
+                         answering with what it stands for"
+                    );
+                    return Completion::Superseded(self.superseded_by(record));
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "could not claim the key to store the answer whose writes were discarded"
+                    );
+                    // The claim may have landed: fenced by the token, so only ours goes.
+                    spawn_release(Arc::clone(shared), lease.clone(), "discard not claimed");
+                    return Completion::RolledBack(RollbackCause::Store);
+                }
+            }
+        }
+        self.store(response).await
     }
 
     /// Stores the response outside the request's transaction, which the handler committed
-    /// itself (or whose writes it discarded). The one-transaction mode holds no record yet: the key is claimed with this
+    /// itself: its writes stand, so the response goes to its client even if another request
+    /// took the key. The one-transaction mode holds no record yet: the key is claimed with this
     /// request's token first.
     pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
