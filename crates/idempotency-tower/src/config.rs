@@ -68,10 +68,13 @@ pub(crate) struct Settings {
     pub(crate) replay_policy: idempotency_core::ReplayPolicy,
 }
 
-/// The statuses axum's extractors reject a request with before the handler runs (`Json`,
-/// `Form`, `Query`, `Path`, `Bytes`, body limits): 400, 411, 413, 415, 422.
-pub(crate) const REJECTION_STATUSES: [http::StatusCode; 5] = [
+/// The statuses a framework answers with before the handler runs: axum's extractors (`Json`,
+/// `Form`, `Query`, `Path`, `Bytes`, body limits: 400, 411, 413, 415, 422) and its router (404
+/// for a path no route serves, 405 for a method the route does not).
+pub(crate) const REJECTION_STATUSES: [http::StatusCode; 7] = [
     http::StatusCode::BAD_REQUEST,
+    http::StatusCode::NOT_FOUND,
+    http::StatusCode::METHOD_NOT_ALLOWED,
     http::StatusCode::LENGTH_REQUIRED,
     http::StatusCode::PAYLOAD_TOO_LARGE,
     http::StatusCode::UNSUPPORTED_MEDIA_TYPE,

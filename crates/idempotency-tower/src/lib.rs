@@ -11,7 +11,7 @@
 //! | same key, same request, completed | the stored status, headers, body + `Idempotent-Replayed: true` |
 //! | request body over the limit | 413 problem+json, nothing stored |
 //! | handler returns a status the policy does not store (5xx), or marks its response [`NotStored`] / `Cache-Control: no-store` | passed through, key released |
-//! | 400, 411, 413, 415 or 422 not marked [`Final`] (axum's extractors reject with these before the handler runs) | passed through, key released: the corrected retry runs |
+//! | 400, 404, 405, 411, 413, 415 or 422 not marked [`Final`] (axum's extractors and router answer with these before the handler runs) | passed through, key released: the corrected retry runs |
 //! | handler panics | 500 problem+json, key released |
 //! | handler (or its response body) slower than its lease | the heartbeat extends the lease until the response is stored; retries get 409 |
 //! | storing the response fails | the response goes out; the key stays claimed and the response is stored in the background |

@@ -152,3 +152,61 @@ async fn an_empty_list_of_rejection_statuses_stores_them_as_before() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Sends `method path` with `key` and a JSON body; the status and whether it was a replay.
+async fn send_method(app: &Router, method: &str, path: &str, key: &str) -> (StatusCode, bool) {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"title":"a"}"#))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    (response.status(), replayed)
+}
+
+/// The router's own answers (405 for a method a route does not serve, 404 for a path no route
+/// serves) come before any handler: never stored, so the client that fixes its method or path
+/// runs with the same key instead of getting the 405 back (or 422, its request being another)
+/// for a day.
+#[tokio::test]
+async fn the_router_s_405_and_404_are_not_stored() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // As the README layers it: the matched routes only.
+    let routed = app(layer(), Arc::clone(&runs));
+    let route_layered = Router::new()
+        .route(
+            "/tasks",
+            post(|| async { (StatusCode::CREATED, "created") }),
+        )
+        .route_layer(layer());
+    for (app, name) in [(&routed, "layer"), (&route_layered, "route_layer")] {
+        let key = format!("wrong-method-{name}");
+        for method in ["DELETE", "PATCH", "PUT"] {
+            let (status, replayed) = send_method(app, method, "/tasks", &key).await;
+            assert_eq!(
+                (status, replayed),
+                (StatusCode::METHOD_NOT_ALLOWED, false),
+                "{name} {method}"
+            );
+        }
+        let (status, replayed) = send_method(app, "POST", "/tasks", &key).await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::CREATED, false),
+            "{name}: the fixed method runs"
+        );
+    }
+    let key = "unknown-path";
+    let (status, replayed) = send_method(&routed, "POST", "/taks", key).await;
+    assert_eq!((status, replayed), (StatusCode::NOT_FOUND, false));
+    let (status, replayed) = send_method(&routed, "POST", "/tasks", key).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "the fixed path runs"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -149,7 +149,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
 
     /// The statuses a framework rejects a request with before its handler runs (default: 400,
     /// 411, 413, 415 and 422, what axum's extractors answer a missing `Content-Type`, malformed
-    /// JSON or an oversized body with). A response with one of them is not stored, and its key is
+    /// JSON or an oversized body with; 404 and 405, what axum's router answers a path or a
+    /// method no route serves with). A response with one of them is not stored, and its key is
     /// released (its transaction rolled back), unless the handler marked it
     /// [`Final`](crate::Final): a rejection produced before the handler ran must not answer the
     /// corrected retry for a day. As Stripe: a result is saved only once the endpoint began
