@@ -175,11 +175,11 @@ async fn readiness_follows_the_store_and_liveness_does_not() {
     )
     .await
     .expect("not-ready within 10 s of the store going away");
-    assert!(
-        body.contains("the idempotency store is unavailable"),
+    // The kind of failure only: the store's words (roles, schemas, tables) stay in the log.
+    assert_eq!(
+        body, "not ready: the idempotency store cannot be reached\n",
         "{body}"
     );
-    assert!(!body.contains("password"), "{body}");
     let (status, _) = get(&client, demo.addr(), "/health/live").await.unwrap();
     assert_eq!(
         status,

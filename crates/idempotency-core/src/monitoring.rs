@@ -35,8 +35,11 @@
 //!         let store = store.clone();
 //!         async move {
 //!             let readiness = idempotency_core::monitoring::readiness(&*store, Duration::from_secs(2)).await;
+//!             if !readiness.is_ready() {
+//!                 tracing::warn!(%readiness, "readiness probe failed"); // the whole reason
+//!             }
 //!             let status = if readiness.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-//!             (status, readiness.to_string())
+//!             (status, readiness.probe_answer()) // its kind only: no role, schema or table
 //!         }
 //!     }))
 //! # }
@@ -118,6 +121,26 @@ impl Readiness {
     pub fn is_ready(&self) -> bool {
         matches!(self, Readiness::Ready)
     }
+
+    /// What a probe may be answered with: the kind of failure, never the store's own words
+    /// (a database's error names roles, schemas and tables, and a readiness route usually
+    /// sits on the public listener). [`Display`](fmt::Display) gives the whole reason, for the
+    /// log.
+    pub fn probe_answer(&self) -> &'static str {
+        match self {
+            Readiness::Ready => "ready",
+            Readiness::StateLost => "not ready: the idempotency store had lost its records",
+            Readiness::Unavailable(StoreError::Timeout { .. }) => {
+                "not ready: the idempotency store did not answer in time"
+            }
+            Readiness::Unavailable(error) if error.is_unreachable() => {
+                "not ready: the idempotency store cannot be reached"
+            }
+            Readiness::Unavailable(_) => {
+                "not ready: the idempotency store answered with an error (see the log)"
+            }
+        }
+    }
 }
 
 impl fmt::Display for Readiness {
@@ -190,6 +213,45 @@ mod tests {
         .await;
         assert!(!down.is_ready());
         assert!(down.to_string().contains("connection refused"), "{down}");
+    }
+
+    /// The log gets the store's words; the probe's answer only their kind (a rotated password
+    /// names the role, a dropped table the schema and table).
+    #[tokio::test]
+    async fn the_probe_answer_never_carries_the_store_s_words() {
+        let within = Duration::from_millis(200);
+        let denied = readiness(
+            &probe(
+                || {
+                    Err(StoreError::Backend {
+                        backend: "probe",
+                        source: "password authentication failed for user \"orders_app\"".into(),
+                    })
+                },
+                Duration::ZERO,
+            ),
+            within,
+        )
+        .await;
+        assert!(denied.to_string().contains("orders_app"), "{denied}");
+        let answer = denied.probe_answer();
+        assert!(!answer.contains("orders_app") && answer.starts_with("not ready"), "{answer}");
+        let gone = readiness(
+            &probe(
+                || {
+                    Err(StoreError::Unavailable {
+                        backend: "probe",
+                        source: "relation \"billing.idempotency_keys\" does not exist".into(),
+                    })
+                },
+                Duration::ZERO,
+            ),
+            within,
+        )
+        .await;
+        assert!(!gone.probe_answer().contains("billing"), "{}", gone.probe_answer());
+        let ready = readiness(&probe(|| Ok(false), Duration::ZERO), within).await;
+        assert_eq!(ready.probe_answer(), "ready");
     }
 
     /// The footprint a store tells is set on the two gauges by backend; a store that cannot

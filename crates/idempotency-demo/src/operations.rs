@@ -33,7 +33,8 @@ pub fn health_routes(store: Arc<dyn IdempotencyStore>) -> Router {
                         tracing::warn!(%readiness, "readiness probe failed");
                         StatusCode::SERVICE_UNAVAILABLE
                     };
-                    (status, format!("{readiness}\n"))
+                    // The reason stays in the log: the probe sits on the public listener.
+                    (status, format!("{}\n", readiness.probe_answer()))
                 }
             }),
         )
