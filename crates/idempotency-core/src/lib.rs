@@ -33,7 +33,9 @@ pub use key::{IdempotencyKey, KeyError, KeyFormat, MAX_KEY_LEN};
 pub use once::{OnceContext, OnceError, Outcome};
 pub use record::LeaseToken;
 pub use redact::redact_credentials;
-pub use response::{DecodeError, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header};
+pub use response::{
+    DecodeError, IDEMPOTENCY_REFUSAL, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header,
+};
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
 pub use store::{IdempotencyStore, purge_periodically};
 pub use transaction::{Transaction, TransactionError, TransactionSlot};

@@ -235,7 +235,10 @@ mod tests {
         .await;
         assert!(denied.to_string().contains("orders_app"), "{denied}");
         let answer = denied.probe_answer();
-        assert!(!answer.contains("orders_app") && answer.starts_with("not ready"), "{answer}");
+        assert!(
+            !answer.contains("orders_app") && answer.starts_with("not ready"),
+            "{answer}"
+        );
         let gone = readiness(
             &probe(
                 || {
@@ -249,7 +252,11 @@ mod tests {
             within,
         )
         .await;
-        assert!(!gone.probe_answer().contains("billing"), "{}", gone.probe_answer());
+        assert!(
+            !gone.probe_answer().contains("billing"),
+            "{}",
+            gone.probe_answer()
+        );
         let ready = readiness(&probe(|| Ok(false), Duration::ZERO), within).await;
         assert_eq!(ready.probe_answer(), "ready");
     }

@@ -7,6 +7,14 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 /// The name of the header that marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The name of the header every answer the library makes by itself carries (the HTTP layer's
+/// refusals: a duplicate in flight, the store unavailable, a commit not made or not confirmed,
+/// a key reused, ...), its value the refusal's slug (`in-flight`, `store-unavailable`, ...). A
+/// handler's answer never carries it, first or replayed (it is not stored), so a client tells
+/// the library's retryable `409` from a stored business `409` without reading the body: retry
+/// with the same key only an answer that carries it and a `Retry-After`.
+pub const IDEMPOTENCY_REFUSAL: HeaderName = HeaderName::from_static("idempotency-refusal");
+
 /// A response as stored for replay: status, the headers worth replaying (repeated ones kept, in
 /// order) and the body bytes, byte for byte (ADR amendment 4).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,6 +270,7 @@ pub fn is_replayable_header(name: &HeaderName) -> bool {
             | header::WWW_AUTHENTICATE
             | header::CONTENT_LENGTH
     ) && name != IDEMPOTENT_REPLAYED
+        && name != IDEMPOTENCY_REFUSAL
         && name.as_str() != "keep-alive"
         && name.as_str() != "proxy-connection"
         && !PER_REQUEST_HEADERS.contains(&name.as_str())

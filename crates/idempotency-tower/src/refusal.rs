@@ -178,9 +178,15 @@ pub(crate) fn retry_after_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0).max(u64::from(d.is_zero()))
 }
 
-/// Renders `refusal` with `render`, adding `Retry-After` when the renderer did not.
+/// Renders `refusal` with `render`, marked as the library's answer
+/// ([`IDEMPOTENCY_REFUSAL`](idempotency_core::IDEMPOTENCY_REFUSAL): its slug), adding
+/// `Retry-After` when the renderer did not.
 pub(crate) fn render(refusal: &Refusal, render: &RenderRefusal) -> Response<IdempotencyBody> {
     let mut response = render(refusal);
+    response.headers_mut().insert(
+        idempotency_core::IDEMPOTENCY_REFUSAL,
+        HeaderValue::from_static(refusal.slug),
+    );
     if let Some(d) = refusal.retry_after
         && !response.headers().contains_key(header::RETRY_AFTER)
     {

@@ -1315,3 +1315,72 @@ async fn the_same_bytes_as_another_media_type_are_not_a_retry() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A client tells the library's answers from the handler's without reading the body (issue 45
+/// item 6): every refusal the layer makes carries `Idempotency-Refusal` with its slug; a
+/// handler's own `409` (a business refusal, stored) carries it neither the first time nor
+/// replayed, so an SDK that retries every 409 carrying it never loops on a stored refusal.
+#[tokio::test]
+async fn a_library_answer_is_marked_and_a_stored_business_409_is_not() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app_with(
+        |b| b.lease(Duration::from_secs(30)),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let (first, (status, headers, _)) = duplicate_of_a_running_request(&app).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(headers.get("idempotency-refusal").unwrap(), "in-flight");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    assert!(first.await.unwrap().1.get("idempotency-refusal").is_none());
+    let (status, headers, _) = send(
+        &app,
+        request(Method::POST, "/slow", Some(KEY), Some("alice"), "other"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(headers.get("idempotency-refusal").unwrap(), "key-reused");
+    let (status, headers, _) = send(
+        &app,
+        request(Method::POST, "/tasks", None, Some("alice"), ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers.get("idempotency-refusal").unwrap(), "key-missing");
+
+    // A handler's own 409, stored: neither its first answer nor its replay is marked, even
+    // when the handler set the header itself (it is never stored).
+    let refusing = Router::new()
+        .route(
+            "/orders",
+            post(|| async {
+                (
+                    StatusCode::CONFLICT,
+                    [("idempotency-refusal", "in-flight")],
+                    "out_of_stock",
+                )
+            }),
+        )
+        .layer(
+            IdempotencyLayer::builder(MemoryStore::default())
+                .scope_with(|req| {
+                    req.extensions
+                        .get::<User>()
+                        .map(|u| Scope::new(u.0).unwrap())
+                })
+                .build(),
+        );
+    let order = || request(Method::POST, "/orders", Some(KEY), Some("alice"), "");
+    let (status, _, body) = send(&refusing, order()).await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CONFLICT, &b"out_of_stock"[..])
+    );
+    let (status, headers, body) = send(&refusing, order()).await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CONFLICT, &b"out_of_stock"[..])
+    );
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    assert!(headers.get("idempotency-refusal").is_none(), "{headers:?}");
+}

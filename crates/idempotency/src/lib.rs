@@ -20,10 +20,11 @@ use std::sync::Arc;
 #[cfg(feature = "axum")]
 pub use idempotency_core::KeyClaimRejection;
 pub use idempotency_core::{
-    BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENT_REPLAYED,
-    IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim, KeyError, KeyFormat,
-    LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN, ReplayPolicy, Scope, ScopeError, StoreError,
-    Transaction, TransactionError, TransactionSlot, purge_periodically, redact_credentials,
+    BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENCY_REFUSAL,
+    IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim,
+    KeyError, KeyFormat, LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN, ReplayPolicy, Scope, ScopeError,
+    StoreError, Transaction, TransactionError, TransactionSlot, purge_periodically,
+    redact_credentials,
 };
 // Jobs and messages (`Engine::once`), and driving the engine by hand (`Engine::begin`, whose
 // request is a `Fingerprint` and whose answer a `StoredResponse`).
