@@ -187,7 +187,11 @@ impl DriverOps for Sqlx {
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let mut connection = self.pool.acquire().await.map_err(sqlx_error)?;
         watch
-            .check(&mut SqlxSession(&mut connection))
+            .check_within(
+                &mut SqlxSession(&mut connection),
+                (self.pool.options().get_acquire_timeout() / 2)
+                    .max(std::time::Duration::from_millis(1)),
+            )
             .await
             .map_err(setup_error)
     }

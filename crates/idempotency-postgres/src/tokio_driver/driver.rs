@@ -30,6 +30,8 @@ pub struct TokioPostgres {
     /// Turned off by the driver itself when the server answers as a transaction pooler that
     /// does not keep prepared statements does (see [`TokioPostgres::lost_a_prepared_statement`]).
     pub(crate) prepared: Arc<AtomicBool>,
+    /// The server-side bound of the sentinel's check (see `pool::setup_bound`).
+    pub(crate) setup_bound: std::time::Duration,
 }
 
 impl std::fmt::Debug for TokioPostgres {
@@ -191,7 +193,7 @@ impl DriverOps for TokioPostgres {
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let client = self.client().await.map_err(StoreError::from)?;
         watch
-            .check(&mut TokioSession(&**client))
+            .check_within(&mut TokioSession(&**client), self.setup_bound)
             .await
             .map_err(setup_error)
     }

@@ -55,6 +55,7 @@ pub(crate) async fn connect(
             // reuses one warm connection (and one warm backend process) instead of
             // rotating through the whole pool.
             let hook_watch = Arc::clone(watch);
+            let hook_bound = setup_bound(options.connect_timeout);
             Pool::builder(manager)
                     .max_size(options.pool_size)
                     .queue_mode(QueueMode::Lifo)
@@ -64,7 +65,12 @@ pub(crate) async fn connect(
                         let watch = Arc::clone(&hook_watch);
                         Box::pin(async move {
                             // Before `migrate` the table does not exist yet: not a loss.
-                            if let Err(error) = watch.check(&mut TokioSession(&**client)).await {
+                            // Bounded from the server's side within the creation's own
+                            // bound: a check the table's lock holds up ends on the server
+                            // before the pool gives up on the connection (which it would then
+                            // drop, its backend still waiting, and open another).
+                            let session = &mut TokioSession(&**client);
+                            if let Err(error) = watch.check_within(session, hook_bound).await {
                                 tracing::debug!(error = %idempotency_core::ErrorChain(&error), "could not check the state sentinel");
                             }
                             Ok(())
@@ -80,8 +86,17 @@ pub(crate) async fn connect(
     let client = pool.get().await?;
     check_writer(&mut TokioSession(&**client), mode).await?;
     drop(client);
+    let wait = pool.timeouts().wait.unwrap_or(options.connect_timeout);
     Ok(TokioPostgres {
         pool,
         prepared: Arc::new(AtomicBool::new(options.prepared_statements && url_prepared)),
+        setup_bound: setup_bound(wait),
     })
+}
+
+/// The server-side bound of what the store runs on a connection outside a request (the state
+/// sentinel's check when a connection is made, and at each readiness probe): half of the
+/// pool's own bound on making a connection, so the server gives up first.
+pub(crate) fn setup_bound(connect_timeout: std::time::Duration) -> std::time::Duration {
+    (connect_timeout / 2).max(std::time::Duration::from_millis(1))
 }
