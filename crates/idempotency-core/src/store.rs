@@ -16,8 +16,8 @@ pub use crate::error::CorruptRecord;
 pub use crate::record::{ClaimOutcome, FenceOutcome, Record, RecordState};
 pub use crate::state_loss::StateLoss;
 pub use crate::transaction::{
-    CommitOutcome, DiscardOutcome, OneTransactionBegin, Settled, StoreTransaction,
-    TransactionalStore,
+    CommitOutcome, DiscardOutcome, LookupAnswered, LookupSignal, OneTransactionBegin, Settled,
+    StoreTransaction, TransactionalStore,
 };
 
 use std::sync::Arc;

@@ -122,6 +122,44 @@ pub enum Settled {
     Busy,
 }
 
+/// Whether the key's lookup of a speculative transaction
+/// ([`TransactionalStore::begin_one_transaction_speculative`]) has been answered by the
+/// database: the handler's statements queue behind it, so while it is not, nothing the handler
+/// waits for is bounded (a frozen server, a locked key table). The engine watches it to answer
+/// the client within its store timeout ([`StoreTransaction::lookup_signal`]).
+#[derive(Clone, Debug)]
+pub struct LookupSignal(tokio::sync::watch::Receiver<bool>);
+
+/// The store's end of a [`LookupSignal`]: [`LookupAnswered::answered`] once the lookup's answer
+/// came back (dropped unanswered, it counts as answered: the lookup then ended with an error).
+#[derive(Debug)]
+pub struct LookupAnswered(tokio::sync::watch::Sender<bool>);
+
+impl LookupSignal {
+    /// A new signal, unanswered, and its store's end.
+    pub fn new() -> (LookupAnswered, LookupSignal) {
+        let (answered, signal) = tokio::sync::watch::channel(false);
+        (LookupAnswered(answered), LookupSignal(signal))
+    }
+
+    /// Whether the lookup was answered (or can no longer be).
+    pub fn is_answered(&self) -> bool {
+        *self.0.borrow() || self.0.has_changed().is_err()
+    }
+
+    /// Waits until the lookup is answered (or can no longer be).
+    pub async fn answered(mut self) {
+        let _ = self.0.wait_for(|answered| *answered).await;
+    }
+}
+
+impl LookupAnswered {
+    /// The lookup's answer came back.
+    pub fn answered(self) {
+        let _ = self.0.send(true);
+    }
+}
+
 /// What [`TransactionalStore::begin_one_transaction`] found.
 #[non_exhaustive]
 pub enum OneTransactionBegin {
@@ -251,6 +289,15 @@ pub trait StoreTransaction: Send + Sync + 'static {
     /// out): [`Settled::Proceed`].
     async fn settle(&mut self) -> Result<Settled, StoreError> {
         Ok(Settled::Proceed)
+    }
+
+    /// For a transaction of [`TransactionalStore::begin_one_transaction_speculative`] whose
+    /// lookup is still on its way: a signal of its answer, which the engine watches so that a
+    /// request whose lookup the database does not answer is answered within the store timeout
+    /// (the handler's statements wait behind the lookup, and nothing else bounds them). `None`
+    /// (the default): the lookup was answered before the transaction was handed out.
+    fn lookup_signal(&self) -> Option<LookupSignal> {
+        None
     }
 
     /// `self` as `Any`, so [`TransactionSlot::open`] can hand the handler the concrete type.

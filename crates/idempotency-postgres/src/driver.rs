@@ -12,7 +12,7 @@ use crate::schema::Sql;
 use crate::sentinel::Sentinel;
 use async_trait::async_trait;
 use idempotency_core::StoreError;
-use idempotency_core::store::Record;
+use idempotency_core::store::{LookupAnswered, Record};
 
 /// SQLSTATE of a division by zero: the store's statements divide by zero to abort a
 /// transaction whose completion is refused.
@@ -321,14 +321,16 @@ pub trait DriverOps: Send + Sync + 'static {
     /// Begins a transaction on a pooled connection with `sql` first in it, without waiting
     /// for either: both are on their way to the server when this returns, so statements sent
     /// on the transaction afterwards run after them, in the same round trip. The statement's
-    /// rows come through the returned future. By default, [`Driver::begin_with`], its rows
-    /// handed over already answered.
+    /// rows come through the returned future, and `answered` is told when they came. By
+    /// default, [`Driver::begin_with`], its rows handed over already answered.
     async fn begin_queued(
         &self,
         sql: &Sql,
         params: &[Param<'_>],
+        answered: LookupAnswered,
     ) -> Result<(Self::Tx, PendingRows<Self::Row>), DriverError> {
         let (tx, rows) = self.begin_with(sql, params).await?;
+        answered.answered();
         let (answer, pending) = tokio::sync::oneshot::channel();
         // The receiver is right here.
         let _ = answer.send(Ok(rows));

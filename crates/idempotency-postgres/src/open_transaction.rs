@@ -11,8 +11,8 @@ use crate::primitives::StoreCore;
 use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, DiscardOutcome, OneTransactionBegin, StoreTransaction,
-    TransactionalStore,
+    CommitOutcome, CorruptRecord, DiscardOutcome, LookupSignal, OneTransactionBegin,
+    StoreTransaction, TransactionalStore,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
@@ -43,6 +43,8 @@ pub(crate) struct OpenTransaction<D: Driver> {
     /// In the speculative mode, the key's lookup until it is settled (its answer sets `xid`
     /// and `at_commit`).
     lookup: Option<PendingRows<D::Row>>,
+    /// In the speculative mode, whether the lookup's answer came.
+    lookup_signal: Option<LookupSignal>,
 }
 
 impl<D: Driver> OpenTransaction<D> {
@@ -65,6 +67,7 @@ impl<D: Driver> OpenTransaction<D> {
             xid,
             at_commit: None,
             lookup: None,
+            lookup_signal: None,
         }
     }
 
@@ -365,6 +368,10 @@ impl<D: Driver> StoreTransaction for PgTransaction<D> {
 
     async fn settle(&mut self) -> Result<Settled, StoreError> {
         self.0.settle().await
+    }
+
+    fn lookup_signal(&self) -> Option<LookupSignal> {
+        self.0.lookup.as_ref().and(self.0.lookup_signal.clone())
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

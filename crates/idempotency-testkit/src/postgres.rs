@@ -235,6 +235,40 @@ impl TempPostgres {
         self.stop_mode("immediate")
     }
 
+    /// Freezes the server (`SIGSTOP` to the postmaster and every process it started), as a
+    /// paused VM or a stop-the-world would: connections stay open and nothing answers. Undo with
+    /// [`TempPostgres::thaw`] before the cluster is dropped.
+    pub fn freeze(&self) -> io::Result<()> {
+        self.signal_all("STOP")
+    }
+
+    /// Resumes a server [frozen](TempPostgres::freeze).
+    pub fn thaw(&self) -> io::Result<()> {
+        self.signal_all("CONT")
+    }
+
+    /// Sends `signal` to the postmaster, then to its children.
+    fn signal_all(&self, signal: &str) -> io::Result<()> {
+        let pid_file = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))?;
+        let pid = pid_file
+            .lines()
+            .next()
+            .map(str::trim)
+            .filter(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| io::Error::other("postmaster.pid names no process"))?;
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), pid])
+            .status()?;
+        if !sent.success() {
+            return Err(io::Error::other(format!("kill -{signal} {pid} failed")));
+        }
+        // pkill exits 1 when no child matched: not an error.
+        std::process::Command::new("pkill")
+            .args([&format!("-{signal}"), "-P", pid])
+            .status()?;
+        Ok(())
+    }
+
     /// Stops the server cleanly (`pg_ctl stop -m fast`).
     pub fn stop(&self) -> io::Result<()> {
         self.stop_mode("fast")
@@ -266,7 +300,8 @@ impl TempPostgres {
 
 impl Drop for TempPostgres {
     fn drop(&mut self) {
-        // The folder goes with `root` after this.
+        // A frozen server would not stop. The folder goes with `root` after this.
+        let _ = self.thaw();
         let _ = self.stop_mode("immediate");
     }
 }

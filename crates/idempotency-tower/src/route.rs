@@ -11,6 +11,7 @@
 use http::request::Parts;
 use metrics::{Key, Label, Level, Metadata};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 const REQUESTS: &str = "idempotency_requests_total";
@@ -92,6 +93,11 @@ impl Outcome {
 
     /// Counts the outcome under its route and records it on the current span.
     pub(crate) fn record(self, route: &Route) {
+        if let Some(counted) = &route.counted
+            && counted.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
         metrics::with_recorder(|recorder| {
             recorder
                 .register_counter(&route.keys[self as usize], &METADATA)
@@ -158,6 +164,8 @@ pub(crate) struct Route {
     #[cfg(feature = "axum")]
     matched: Option<axum::extract::MatchedPath>,
     keys: Arc<OutcomeKeys>,
+    /// Set when two tasks may count the request (see [`Route::counted_once`]): whether it was.
+    counted: Option<Arc<AtomicBool>>,
 }
 
 impl Route {
@@ -179,6 +187,16 @@ impl Route {
             #[cfg(feature = "axum")]
             matched,
             keys,
+            counted: None,
+        }
+    }
+
+    /// The same route, for a request that may be answered by one task while another runs it
+    /// on: whichever of the clones counts first counts it, and the others not.
+    pub(crate) fn counted_once(self) -> Route {
+        Route {
+            counted: Some(Arc::new(AtomicBool::new(false))),
+            ..self
         }
     }
 

@@ -255,6 +255,14 @@ where
     ResB::Error: Into<BoxError>,
     S: IdempotencyStore + 'static,
 {
+    // Speculative mode: the key's lookup rides the handler's first statement, so a database
+    // that does not answer it holds the handler with nothing to bound it.
+    let overdue = guard.lookup_overdue();
+    let route = if overdue.is_some() {
+        route.counted_once()
+    } else {
+        route
+    };
     let on_panic = Arc::clone(&shared);
     let on_panic_route = route.clone();
     let tracked = on_panic.engine.track(
@@ -377,7 +385,30 @@ where
         }
         .in_current_span(),
     );
-    match DetachOnDrop::new(tracked).await {
+    let mut detached = DetachOnDrop::new(tracked);
+    let finished = match overdue {
+        None => detached.await,
+        Some(overdue) => tokio::select! {
+            biased;
+            finished = &mut detached => finished,
+            () = overdue => {
+                tracing::warn!(
+                    "the key's lookup was not answered within the store timeout (a frozen \
+                     database, a locked key table): the client is told the outcome is not known \
+                     yet; the request runs on, and commits only if its key turns out free"
+                );
+                Outcome::StoreError.record(&on_panic_route);
+                // Dropping `detached` hands the request to the runtime.
+                return Ok(answer(
+                    &on_panic,
+                    Problem::OutcomeUnknown {
+                        retry_after: RETRY_AFTER,
+                    },
+                ));
+            }
+        },
+    };
+    match finished {
         Ok(result) => result,
         Err(_panic) => {
             tracing::error!("the handler panicked; its key is released");

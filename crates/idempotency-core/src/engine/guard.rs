@@ -9,7 +9,7 @@ use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::{retry_until, spawn_release};
 use crate::store::StoreOp;
-use crate::store::{FenceOutcome, StoreTransaction};
+use crate::store::{FenceOutcome, LookupSignal, StoreTransaction};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{ErrorChain, Fingerprint, IdempotencyStore, ReplayPolicy, StoredResponse};
 use http::StatusCode;
@@ -43,6 +43,8 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     charge: Option<Charge>,
     /// Its place among the keys this process holds in flight, until its outcome is settled.
     in_flight: Option<InFlight>,
+    /// Speculative mode: whether the key's lookup has been answered.
+    lookup: Option<LookupSignal>,
 }
 
 /// How a guard holds its key.
@@ -100,6 +102,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             hold: Hold::Lease,
             charge: None,
             in_flight,
+            lookup: None,
         }
     }
 
@@ -114,7 +117,13 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         speculative: bool,
     ) -> Self {
         let in_flight = Some(shared.in_flight.enter());
+        let lookup = if speculative {
+            tx.lookup_signal()
+        } else {
+            None
+        };
         Guard {
+            lookup,
             shared,
             lease,
             heartbeat: None,
@@ -151,6 +160,29 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// [`Guard::complete`] together with the stored response.
     pub fn transaction(&self) -> Option<&TransactionSlot> {
         self.transaction.as_ref()
+    }
+
+    /// In the speculative one-transaction mode, while the key's lookup is on its way: a future
+    /// that resolves if the store timeout passes without its answer (a frozen database, a
+    /// locked key table). The handler's statements wait behind the lookup and nothing else
+    /// bounds them, so a caller that must answer in time (the HTTP layer) answers then that the
+    /// outcome is not known yet, and lets the request run on: it commits only if its lookup
+    /// finds the key free, so the client's retry with the same key learns the truth. `None` in
+    /// the other modes, or when the lookup was already answered.
+    pub fn lookup_overdue(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let lookup = self
+            .lookup
+            .as_ref()
+            .filter(|lookup| !lookup.is_answered())?;
+        let (lookup, timeout) = (lookup.clone(), self.shared.config.store_timeout);
+        Some(async move {
+            if tokio::time::timeout(timeout, lookup.answered())
+                .await
+                .is_ok()
+            {
+                std::future::pending::<()>().await;
+            }
+        })
     }
 
     /// Whether a response with `status` would be stored under the engine's policy (so a caller

@@ -10,7 +10,7 @@ use crate::error::BACKEND;
 use crate::primitives::StoreCore;
 use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, DiscardOutcome, OneTransactionBegin, Record,
+    CommitOutcome, CorruptRecord, DiscardOutcome, LookupSignal, OneTransactionBegin, Record,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
@@ -293,9 +293,10 @@ impl<D: Driver> StoreCore<D> {
             Param::Int8(idle_limit_ms(hold)),
             Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
         ];
+        let (answered, signal) = LookupSignal::new();
         let (tx, lookup) = self
             .driver
-            .begin_queued(&statements.speculative_lookup, &params)
+            .begin_queued(&statements.speculative_lookup, &params, answered)
             .await?;
         // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {
@@ -305,6 +306,7 @@ impl<D: Driver> StoreCore<D> {
                 began: 0.0,
             }),
             lookup: Some(lookup),
+            lookup_signal: Some(signal),
             ..OpenTransaction::new(self, tx, scope, key, token, 0)
         }))
     }

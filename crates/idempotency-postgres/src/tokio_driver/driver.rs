@@ -15,6 +15,7 @@ use crate::sentinel::Sentinel;
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
 use idempotency_core::StoreError;
+use idempotency_core::store::LookupAnswered;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::Row;
@@ -352,7 +353,9 @@ impl DriverOps for TokioPostgres {
         &self,
         sql: &Sql,
         params: &[Param<'_>],
+        answered: LookupAnswered,
     ) -> Result<(TokioTx, PendingRows<Row>), DriverError> {
-        self.begin_queued_on_a_connection(sql, params).await
+        self.begin_queued_on_a_connection(sql, params, answered)
+            .await
     }
 }

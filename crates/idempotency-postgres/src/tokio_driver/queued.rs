@@ -6,6 +6,7 @@ use super::driver::{TokioPostgres, driver_error, lost_a_prepared_statement, sql_
 use super::transaction::TokioTx;
 use crate::driver::{DriverError, OwnedParam, Param, PendingRows};
 use crate::schema::Sql;
+use idempotency_core::store::LookupAnswered;
 use std::future::Future as _;
 use std::sync::Arc;
 use tokio_postgres::Row;
@@ -17,6 +18,7 @@ impl TokioPostgres {
         &self,
         sql: &Sql,
         params: &[Param<'_>],
+        answered: LookupAnswered,
     ) -> Result<(TokioTx, PendingRows<Row>), DriverError> {
         let client = self.client().await?;
         let (ready, prepared) = self.ready_before_begin(&client, sql).await?;
@@ -44,6 +46,7 @@ impl TokioPostgres {
         let (answer, pending) = tokio::sync::oneshot::channel();
         let mut reader = Box::pin(async move {
             let _ = answer.send(reader.await);
+            answered.answered();
         });
         // Polled once here, `BEGIN` and the statement are sent (each future sends its request
         // when first polled, in `join!`'s order) before the caller can send anything on the
