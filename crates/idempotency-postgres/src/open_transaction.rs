@@ -328,8 +328,11 @@ impl<D: Driver> StoreCore<D> {
 /// # Ok(()) }
 /// ```
 ///
-/// The transaction runs at PostgreSQL's default isolation, READ COMMITTED (the store's check is
-/// its first statement, so it cannot be changed afterwards). On sqlx it costs two more round
+/// The transaction runs at the connection's default isolation (READ COMMITTED unless the URL's
+/// `options` set `default_transaction_isolation`: the store's check is its first statement, so
+/// `SET TRANSACTION` in the handler comes too late). Savepoints are allowed in it; what a handler
+/// does with deadlocks, serialization failures and refusals is in `docs/handlers.md` of the
+/// repository. On sqlx it costs two more round
 /// trips per request: sqlx sends `BEGIN` and `COMMIT` on their own, where tokio-postgres
 /// pipelines them with the store's statements.
 pub struct PgTransaction<D: Driver = DefaultDriver>(pub(crate) OpenTransaction<D>);

@@ -28,6 +28,17 @@ use std::time::Duration;
 /// Drop it before the handler returns (never move it into a spawned task or the response body).
 pub struct Tx<T: 'static>(pub Transaction<T>);
 
+impl<T: 'static> Tx<T> {
+    /// Rolls back every write of the request's transaction when the request ends, and stores
+    /// the handler's answer alone ([`TransactionSlot::discard_writes`]): for a refusal decided
+    /// after some writes (an order whose third item is out of stock), which every retry must
+    /// get without running again. The key stays held until the answer is stored, so a
+    /// duplicate never runs meanwhile.
+    pub fn discard_writes(&self) {
+        self.0.discard_writes();
+    }
+}
+
 impl<T: 'static> Deref for Tx<T> {
     type Target = T;
     fn deref(&self) -> &T {

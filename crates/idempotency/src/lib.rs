@@ -10,6 +10,11 @@
 #[doc = include_str!("../../../docs/http.md")]
 pub struct HttpGuide;
 
+/// `docs/handlers.md` (a PostgreSQL handler under contention), compiled as doc tests.
+#[cfg(all(doctest, feature = "axum", feature = "postgres"))]
+#[doc = include_str!("../../../docs/handlers.md")]
+pub struct HandlersGuide;
+
 use std::sync::Arc;
 
 // Re-exported by name and by audience, never by glob: a name added to core reaches the

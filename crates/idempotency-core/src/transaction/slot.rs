@@ -125,7 +125,7 @@ impl TransactionSlot {
             SlotState::Open(tx) => tx.as_any_mut().downcast_mut::<T>(),
             _ => None,
         })
-        .map(Transaction)
+        .map(|tx| Transaction(tx, Arc::clone(&self.1)))
         .map_err(|slot| match &slot.state {
             SlotState::Open(_) => TransactionError::WrongType {
                 expected: std::any::type_name::<T>(),
@@ -146,9 +146,11 @@ impl TransactionSlot {
     /// running again. Holds for whatever the request returns afterwards; the answer is still
     /// stored only if the replay policy stores its status (a job's value always is).
     ///
-    /// The answer is stored on its own after the rollback, as in the lease mode's plain
-    /// completion: a crash in between leaves the key free (nothing of the request exists),
-    /// and its retry runs and refuses again.
+    /// The key stays held until the answer's record lands: a duplicate meanwhile is answered
+    /// "in flight", never run (the store writes the record before its transaction lets the key
+    /// go, or claims the key right after the rollback and answers with what stands if another
+    /// request took it in between). A crash in between leaves the key free (nothing of the
+    /// request exists), and its retry runs and refuses again.
     pub fn discard_writes(&self) {
         self.1.discard.store(true, Ordering::Relaxed);
     }
@@ -176,7 +178,16 @@ impl TransactionSlot {
 /// The request's open transaction, as the store's type `T`; it derefs to `T`, which gives the
 /// handler its database handle. There is no commit: the engine commits it together with the
 /// stored response after the handler returns, or rolls it back.
-pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<Slot, T>);
+pub struct Transaction<T: 'static>(OwnedMappedMutexGuard<Slot, T>, Arc<Flags>);
+
+impl<T: 'static> Transaction<T> {
+    /// [`TransactionSlot::discard_writes`], from the transaction: every write of the request's
+    /// transaction is rolled back when the request ends, and its answer stored alone (a
+    /// refusal decided after some writes: the order's third item is out of stock).
+    pub fn discard_writes(&self) {
+        self.1.discard.store(true, Ordering::Relaxed);
+    }
+}
 
 impl<T: 'static> Deref for Transaction<T> {
     type Target = T;
