@@ -46,6 +46,7 @@
 //! ```
 
 use crate::store::Footprint;
+pub use crate::store::PoolStatus;
 use crate::{IdempotencyStore, StoreError};
 
 /// Upper bounds (seconds) for `idempotency_store_duration_seconds`: from half a millisecond (a
@@ -68,11 +69,89 @@ pub const STORE_RECORDS_METRIC: &str = "idempotency_store_records";
 /// Gauge, by `backend`: the bytes the store's records take ([`record_footprint`]).
 pub const STORE_BYTES_METRIC: &str = "idempotency_store_bytes";
 
+/// Gauge, by `backend`: 1 when the store answered its last check within the bound
+/// ([`watch_store`]), 0 when it did not. Read from memory at each scrape, so it says "down" while
+/// the store is down, even when no request comes.
+pub const STORE_UP_METRIC: &str = "idempotency_store_up";
+
+/// Gauge, by `backend`: the most connections the store's pool opens ([`record_pool`]).
+pub const POOL_MAX_METRIC: &str = "idempotency_store_pool_max_connections";
+
+/// Gauge, by `backend` and `state` (`in_use`, `idle`): the store's open connections
+/// ([`record_pool`]).
+pub const POOL_CONNECTIONS_METRIC: &str = "idempotency_store_pool_connections";
+
+/// Gauge, by `backend`: calls waiting for one of the store's connections ([`record_pool`]).
+pub const POOL_WAITING_METRIC: &str = "idempotency_store_pool_waiting";
+
+/// Sets the pool gauges from what `store` says of its pool ([`IdempotencyStore::pool_status`]),
+/// from memory: call it where a scrape is answered. A store without a pool sets none.
+pub fn record_pool<S: IdempotencyStore + ?Sized>(store: &S) {
+    let Some(pool) = store.pool_status() else {
+        return;
+    };
+    let backend = store.backend();
+    metrics::gauge!(POOL_MAX_METRIC, "backend" => backend).set(pool.max as f64);
+    let in_use = pool.open.saturating_sub(pool.idle);
+    metrics::gauge!(POOL_CONNECTIONS_METRIC, "backend" => backend, "state" => "in_use")
+        .set(in_use as f64);
+    metrics::gauge!(POOL_CONNECTIONS_METRIC, "backend" => backend, "state" => "idle")
+        .set(pool.idle as f64);
+    if let Some(waiting) = pool.waiting {
+        metrics::gauge!(POOL_WAITING_METRIC, "backend" => backend).set(waiting as f64);
+    }
+}
+
+/// Checks `store` every `every`, each check bounded by `within`: whether it answers and holds
+/// its records ([`readiness`]: `idempotency_store_up` 1 or 0) and, when it does, what it holds
+/// ([`record_footprint`]). Spawn it beside the metrics route, which then renders from memory:
+/// a scrape never waits on the store, so it is answered during a database freeze too, and the
+/// store's gauges say what the last check saw. Runs until dropped.
+///
+/// ```no_run
+/// # async fn run(store: std::sync::Arc<dyn idempotency_core::IdempotencyStore>) {
+/// use std::time::Duration;
+/// tokio::spawn(async move {
+///     idempotency_core::monitoring::watch_store(&*store, Duration::from_secs(5), Duration::from_secs(2)).await
+/// });
+/// # }
+/// ```
+pub async fn watch_store<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    every: Duration,
+    within: Duration,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        check_store(store, within).await;
+    }
+}
+
+/// One check of [`watch_store`]: sets `idempotency_store_up` (1 when the store answered
+/// [`readiness`] within `within`, 0 when it did not) and, when it answered, what it holds
+/// ([`record_footprint`]). Returns whether the store was up.
+pub async fn check_store<S: IdempotencyStore + ?Sized>(store: &S, within: Duration) -> bool {
+    let backend = store.backend();
+    let up = metrics::gauge!(STORE_UP_METRIC, "backend" => backend);
+    if let Readiness::Unavailable(error) = readiness(store, within).await {
+        tracing::warn!(backend, error = %crate::ErrorChain(&error), "the idempotency store did not answer its check");
+        up.set(0.0);
+        return false;
+    }
+    up.set(1.0);
+    if let Err(error) = record_footprint(store, within).await {
+        tracing::warn!(backend, error = %crate::ErrorChain(&error), "could not read what the idempotency store holds");
+    }
+    true
+}
+
 /// Reads what `store` holds ([`IdempotencyStore::footprint`], one cheap round trip) within
-/// `within`, and sets `idempotency_store_records` and `idempotency_store_bytes` by backend. Call
-/// it where a scrape is answered, before rendering it, so the gauges are as fresh as the
-/// scrape. A figure the store cannot tell is left unset; an error or a timeout leaves both
-/// where the last answer put them, and is returned for the caller to log.
+/// `within`, and sets `idempotency_store_records` and `idempotency_store_bytes` by backend.
+/// [`watch_store`] calls it in the background; a scrape should not wait on the store. A figure
+/// the store cannot tell is left unset; an error or a timeout leaves both where the last answer
+/// put them, and is returned for the caller to log.
 pub async fn record_footprint<S: IdempotencyStore + ?Sized>(
     store: &S,
     within: Duration,

@@ -204,6 +204,41 @@ pub trait IdempotencyStore: Send + Sync {
     async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
         Ok(None)
     }
+
+    /// What the store's connection pool holds right now, read from memory (no round trip), for
+    /// the gauges an operator watches ([`monitoring::record_pool`](crate::monitoring::record_pool)):
+    /// a pool whose every connection is in use, with requests waiting, reads differently from
+    /// a store that does not answer. `None` by default: the store has no pool.
+    fn pool_status(&self) -> Option<PoolStatus> {
+        None
+    }
+}
+
+/// What a store's connection pool holds ([`IdempotencyStore::pool_status`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStatus {
+    /// The most connections the pool opens.
+    pub max: usize,
+    /// Connections open now.
+    pub open: usize,
+    /// Open connections no request holds.
+    pub idle: usize,
+    /// Calls waiting for a connection, where the pool tells.
+    pub waiting: Option<usize>,
+}
+
+impl PoolStatus {
+    /// A pool of at most `max` connections, `open` of them open and `idle` of those free, with
+    /// `waiting` calls waiting for one.
+    pub fn new(max: usize, open: usize, idle: usize, waiting: Option<usize>) -> Self {
+        PoolStatus {
+            max,
+            open,
+            idle,
+            waiting,
+        }
+    }
 }
 
 /// What a store holds ([`IdempotencyStore::footprint`]); a figure the store cannot tell
@@ -291,6 +326,9 @@ macro_rules! forward_store {
             }
             async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
                 (**self).footprint().await
+            }
+            fn pool_status(&self) -> Option<PoolStatus> {
+                (**self).pool_status()
             }
         }
     )*};

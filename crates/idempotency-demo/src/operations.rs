@@ -10,8 +10,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the readiness probe, and a scrape's reading of the store's footprint, wait for the
-/// store.
+/// How long the readiness probe, and the background check of the store, wait for it.
 const READINESS_WITHIN: Duration = Duration::from_secs(2);
 
 /// `GET /health/live` (never touches the store: a store outage must not restart every
@@ -61,25 +60,43 @@ pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
     Ok(handle)
 }
 
-/// `GET /metrics`: what `handle` recorded, in the Prometheus text format. With `store`, each
-/// scrape first records what the store holds (`idempotency_store_records` and
-/// `idempotency_store_bytes`, one cheap round trip: see `idempotency::monitoring::record_footprint`);
-/// a store that does not answer in time leaves them where the last scrape put them.
+/// How often the store is checked for the gauges a scrape shows (`idempotency_store_up`, what it
+/// holds).
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// `GET /metrics`: what `handle` recorded, in the Prometheus text format, answered from memory:
+/// a scrape never waits on the store (before, each waited up to 2 s on the database, so with a 1 s
+/// scrape every scrape failed during a freeze, and the in-flight gauges went blank exactly while
+/// keys were held). With `store`, a task checks it every 5 s in the background
+/// (`idempotency::monitoring::watch_store`: `idempotency_store_up`, `idempotency_store_records`,
+/// `idempotency_store_bytes`), and each scrape reads its pool from memory
+/// (`idempotency_store_pool_*`). Call it inside the runtime.
 pub fn metrics_route(handle: PrometheusHandle, store: Option<Arc<dyn IdempotencyStore>>) -> Router {
+    // Whether the first check is done: a scrape before it waits for it (bounded), so the
+    // store's gauges exist from the first scrape on.
+    let (checked, first_check) = tokio::sync::watch::channel(store.is_none());
+    if let Some(store) = &store {
+        let watched = Arc::clone(store);
+        tokio::spawn(async move {
+            idempotency::monitoring::check_store(&*watched, READINESS_WITHIN).await;
+            let _ = checked.send(true);
+            tokio::time::sleep(WATCH_EVERY).await;
+            idempotency::monitoring::watch_store(&*watched, WATCH_EVERY, READINESS_WITHIN).await;
+        });
+    }
     Router::new().route(
         "/metrics",
         get(move || {
             let handle = handle.clone();
             let store = store.clone();
+            let mut first_check = first_check.clone();
             async move {
-                if let Some(store) = store
-                    && let Err(error) =
-                        idempotency::monitoring::record_footprint(&*store, READINESS_WITHIN).await
-                {
-                    tracing::warn!(
-                        error = %idempotency::ErrorChain(&error),
-                        "could not read what the idempotency store holds for this scrape"
-                    );
+                if !*first_check.borrow() {
+                    let first = first_check.wait_for(|done| *done);
+                    let _ = tokio::time::timeout(READINESS_WITHIN, first).await;
+                }
+                if let Some(store) = store {
+                    idempotency::monitoring::record_pool(&*store);
                 }
                 (
                     [(

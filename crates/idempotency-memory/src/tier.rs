@@ -381,4 +381,9 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
     async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
         self.store.footprint().await
     }
+
+    /// The store's pool.
+    fn pool_status(&self) -> Option<idempotency_core::store::PoolStatus> {
+        self.store.pool_status()
+    }
 }

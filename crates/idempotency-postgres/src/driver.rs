@@ -365,6 +365,9 @@ pub trait DriverOps: Send + Sync + 'static {
         (rolled_back, self.query(sql, params).await)
     }
 
+    /// What the pool holds now, from memory.
+    fn pool_status(&self) -> idempotency_core::store::PoolStatus;
+
     /// Checks the table's state sentinel on a pooled connection (see
     /// `PostgresStore::check_state`).
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError>;

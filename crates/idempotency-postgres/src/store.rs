@@ -165,4 +165,8 @@ impl<D: Driver> IdempotencyStore for PostgresStore<D> {
     async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
         self.inner.footprint().await
     }
+
+    fn pool_status(&self) -> Option<idempotency_core::store::PoolStatus> {
+        Some(self.inner.driver.pool_status())
+    }
 }

@@ -46,6 +46,10 @@ pub enum RefusalKind {
     BodyTimeout,
     /// The store could not be reached (503, `Retry-After`).
     StoreUnavailable,
+    /// The store's call failed while every connection of its pool was in use: the database may
+    /// be fine, the application's requests hold the connections (503 `store-busy`,
+    /// `Retry-After`).
+    StoreBusy,
     /// The caller may not start new keys for now: it holds its share of the store, or used its
     /// new keys of the window (429, `Retry-After`); its existing keys still replay.
     ScopeFull,

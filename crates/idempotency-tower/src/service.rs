@@ -205,8 +205,19 @@ where
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::ScopeFull)))
             }
             Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
-                let problem = Problem::StoreUnavailable { retry_after: RETRY_AFTER };
+                let retry_after = RETRY_AFTER;
+                // Said as what it is: a pool whose every connection is held (by requests waiting
+                // on hot rows, say) is not a store that is down.
+                let problem = match shared.engine.store().pool_status() {
+                    Some(pool) if pool.idle == 0 && pool.open >= pool.max => {
+                        tracing::warn!(error = %ErrorChain(&error), in_use = pool.open, max = pool.max, waiting = pool.waiting, "every connection of the idempotency store's pool is in use, so the key could not be checked in time; answering 503 store-busy (see idempotency_store_pool_connections: a pool held by requests waiting on the database, a lock, or a pool too small)");
+                        Problem::StoreBusy { retry_after }
+                    }
+                    _ => {
+                        tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
+                        Problem::StoreUnavailable { retry_after }
+                    }
+                };
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::StoreError)))
             }
             Ok(Begin::Replay(stored)) => {

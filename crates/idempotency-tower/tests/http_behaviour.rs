@@ -699,6 +699,8 @@ async fn a_response_over_the_storage_cap_is_sent_whole_and_replayed_without_its_
 /// A store that always fails, or never answers.
 struct BrokenStore {
     hang: bool,
+    /// Says its pool's every connection is in use.
+    pool_full: bool,
 }
 
 #[async_trait]
@@ -752,6 +754,10 @@ impl IdempotencyStore for BrokenStore {
     async fn get(&self, _: &Scope, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         unreachable_store()
     }
+    fn pool_status(&self) -> Option<idempotency_core::store::PoolStatus> {
+        self.pool_full
+            .then(|| idempotency_core::store::PoolStatus::new(4, 4, 0, Some(12)))
+    }
     async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
         unreachable_store()
     }
@@ -767,7 +773,14 @@ fn unreachable_store<T>() -> Result<T, StoreError> {
 #[tokio::test]
 async fn an_unreachable_store_fails_closed_with_503_or_open_when_asked() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let closed = app_with(|b| b, BrokenStore { hang: false }, runs.clone());
+    let closed = app_with(
+        |b| b,
+        BrokenStore {
+            hang: false,
+            pool_full: false,
+        },
+        runs.clone(),
+    );
     let (status, headers, body) = send(
         &closed,
         request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
@@ -786,7 +799,10 @@ async fn an_unreachable_store_fails_closed_with_503_or_open_when_asked() {
     );
     let open = app_with(
         |b| b.fail_open(true),
-        BrokenStore { hang: false },
+        BrokenStore {
+            hang: false,
+            pool_full: false,
+        },
         runs.clone(),
     );
     let (status, _, _) = send(
@@ -803,7 +819,10 @@ async fn a_hanging_store_is_bounded_by_the_store_timeout() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app_with(
         |b| b.store_timeout(Duration::from_millis(200)),
-        BrokenStore { hang: true },
+        BrokenStore {
+            hang: true,
+            pool_full: false,
+        },
         runs.clone(),
     );
     let started = std::time::Instant::now();
@@ -1383,4 +1402,84 @@ async fn a_library_answer_is_marked_and_a_stored_business_409_is_not() {
     );
     assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
     assert!(headers.get("idempotency-refusal").is_none(), "{headers:?}");
+}
+
+/// A store call that times out is recorded in `idempotency_store_duration_seconds` as the
+/// timeout itself (issue 46 item 4): the timer fires a little after it, and a call recorded at
+/// 5.001 s landed in the (5, 10] bucket, so the p99 of calls that cannot last past 5 s read
+/// 9.85 s.
+#[test]
+fn a_timed_out_store_call_reads_as_the_timeout() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let app = app_with(
+                |b| b.store_timeout(Duration::from_millis(200)),
+                BrokenStore {
+                    hang: true,
+                    pool_full: false,
+                },
+                Arc::new(AtomicUsize::new(0)),
+            );
+            let (status, _, _) = send(
+                &app,
+                request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+            )
+            .await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        });
+    });
+    let recorded: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "idempotency_store_duration_seconds")
+        .filter(|(key, ..)| {
+            key.key()
+                .labels()
+                .any(|l| l.key() == "op" && l.value() == "claim")
+        })
+        .flat_map(|(_, _, _, value)| match value {
+            DebugValue::Histogram(values) => values.into_iter().map(|v| v.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(recorded, vec![0.2], "the timed-out claim, as its timeout");
+}
+
+/// A store call that fails while every connection of the store's pool is in use is said as
+/// what it is (issue 45 item 4): `503 store-busy`, not `store-unavailable` (the database may be
+/// fine; the application's requests hold the connections).
+#[tokio::test]
+async fn a_store_call_failing_on_a_full_pool_is_store_busy() {
+    for (pool_full, slug) in [(true, "store-busy"), (false, "store-unavailable")] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = app_with(
+            |b| b.store_timeout(Duration::from_millis(100)),
+            BrokenStore {
+                hang: true,
+                pool_full,
+            },
+            runs.clone(),
+        );
+        let (status, headers, body) = send(
+            &app,
+            request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers.get("idempotency-refusal").unwrap(), slug);
+        assert!(headers.contains_key(header::RETRY_AFTER));
+        assert_eq!(
+            problem(&body)["type"],
+            format!("urn:idempotency:problem:{slug}")
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
 }

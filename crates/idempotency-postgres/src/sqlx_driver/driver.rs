@@ -184,6 +184,16 @@ impl DriverOps for Sqlx {
         tx.rollback().await.map_err(driver_error)
     }
 
+    fn pool_status(&self) -> idempotency_core::store::PoolStatus {
+        idempotency_core::store::PoolStatus::new(
+            self.pool.options().get_max_connections() as usize,
+            self.pool.size() as usize,
+            self.pool.num_idle(),
+            // sqlx does not tell how many wait.
+            None,
+        )
+    }
+
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let mut connection = self.pool.acquire().await.map_err(sqlx_error)?;
         watch

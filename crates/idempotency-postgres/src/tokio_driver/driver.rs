@@ -345,6 +345,16 @@ impl DriverOps for TokioPostgres {
         (rolled_back.map_err(driver_error), rows)
     }
 
+    fn pool_status(&self) -> idempotency_core::store::PoolStatus {
+        let status = self.pool.status();
+        idempotency_core::store::PoolStatus::new(
+            status.max_size,
+            status.size,
+            status.available,
+            Some(status.waiting),
+        )
+    }
+
     fn queues_statements(&self) -> bool {
         true
     }

@@ -37,6 +37,10 @@ pub(crate) enum Problem {
     StoreUnavailable {
         retry_after: Duration,
     },
+    /// The store's call failed while every connection of its pool was in use.
+    StoreBusy {
+        retry_after: Duration,
+    },
     ScopeFull {
         retry_after: Duration,
     },
@@ -61,6 +65,7 @@ impl Problem {
         let retry_after = match &self {
             Problem::InFlight { retry_after }
             | Problem::StoreUnavailable { retry_after }
+            | Problem::StoreBusy { retry_after }
             | Problem::ScopeFull { retry_after }
             | Problem::Busy { retry_after }
             | Problem::NotCommitted { retry_after }
@@ -79,6 +84,7 @@ impl Problem {
             Problem::BodyUnreadable => RefusalKind::BodyUnreadable,
             Problem::BodyTimeout { .. } => RefusalKind::BodyTimeout,
             Problem::StoreUnavailable { .. } => RefusalKind::StoreUnavailable,
+            Problem::StoreBusy { .. } => RefusalKind::StoreBusy,
             Problem::ScopeFull { .. } => RefusalKind::ScopeFull,
             Problem::Busy { .. } => RefusalKind::Busy,
             Problem::HandlerFailed => RefusalKind::HandlerFailed,
@@ -192,6 +198,13 @@ impl Problem {
                 "Idempotency store unavailable",
                 "The request was not run because its idempotency could not be guaranteed; retry later.".into(),
                 "idempotency_store_unavailable",
+            ),
+            Problem::StoreBusy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-busy",
+                "Idempotency store busy",
+                "Every connection to the idempotency store was in use (the application's own requests hold them), so the request could not be checked in time and was not run; retry after the time in Retry-After.".into(),
+                "idempotency_store_busy",
             ),
             Problem::ScopeFull { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
