@@ -17,8 +17,6 @@ pub mod store;
 mod test_store;
 mod transaction;
 
-#[cfg(feature = "axum")]
-pub use engine::KeyClaimRejection;
 pub use engine::{
     Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, KeyClaim, ReplayPolicy,
     RollbackCause, ScopeLimit, Superseded,

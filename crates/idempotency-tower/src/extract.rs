@@ -6,7 +6,7 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
 use idempotency_core::store::StoreTransaction;
-use idempotency_core::{Transaction, TransactionError, TransactionSlot};
+use idempotency_core::{KeyClaim, Transaction, TransactionError, TransactionSlot};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
@@ -135,5 +135,72 @@ impl IntoResponse for TxRejection {
             .extensions_mut()
             .insert(crate::refusal::LibraryRefusal(problem));
         response
+    }
+}
+
+/// The request's [`KeyClaim`] (key, scope, fencing token, `lost()`), as an axum extractor:
+/// `Claim(claim): Claim`, or `Option<Claim>` on routes the layer may not cover. It lives here,
+/// with [`Tx`], so that the core crate knows no web framework.
+#[derive(Clone, Debug)]
+pub struct Claim(pub KeyClaim);
+
+impl Deref for Claim {
+    type Target = KeyClaim;
+    fn deref(&self) -> &KeyClaim {
+        &self.0
+    }
+}
+
+/// The request has no [`KeyClaim`]: the idempotency layer does not cover it (a method, route or
+/// request without a key). Answers 500 problem+json: a handler that needs its claim is on a
+/// route the layer must cover.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyClaimRejection;
+
+impl fmt::Display for KeyClaimRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "this request has no idempotency claim: the idempotency layer does not cover it",
+        )
+    }
+}
+
+impl std::error::Error for KeyClaimRejection {}
+
+impl IntoResponse for KeyClaimRejection {
+    fn into_response(self) -> Response {
+        let body = format!(
+            "{{\"type\":\"urn:idempotency:problem:claim-unavailable\",\"title\":\"The request has no idempotency claim\",\"status\":500,\"detail\":\"{self}.\",\"code\":\"idempotency_claim_unavailable\"}}"
+        );
+        let mut response = (http::StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Claim {
+    type Rejection = KeyClaimRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, KeyClaimRejection> {
+        parts
+            .extensions
+            .get::<KeyClaim>()
+            .cloned()
+            .map(Claim)
+            .ok_or(KeyClaimRejection)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for Claim {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _: &S,
+    ) -> Result<Option<Self>, std::convert::Infallible> {
+        Ok(parts.extensions.get::<KeyClaim>().cloned().map(Claim))
     }
 }

@@ -39,8 +39,8 @@
 //! [`KeyClaim`](idempotency_core::KeyClaim) (key, scope, fencing token, `lost()`), and on a
 //! transactional store (PostgreSQL) its
 //! [`TransactionSlot`](idempotency_core::TransactionSlot): writes made in it commit together with
-//! the stored response. With the `axum` feature, `lease: KeyClaim` and `Tx<PgTransaction>` are
-//! extractors.
+//! the stored response. With the `axum` feature, [`Claim`] (`Claim(claim): Claim`) and
+//! `Tx<PgTransaction>` are extractors.
 //!
 //! # Observability
 //! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never
@@ -63,7 +63,7 @@ mod service;
 
 pub use body::{BoxError, IdempotencyBody, RequestBody};
 #[cfg(feature = "axum")]
-pub use extract::{Tx, TxRejection};
+pub use extract::{Claim, KeyClaimRejection, Tx, TxRejection};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeNotSet, ScopeSet};
 pub use refusal::{Profile, Refusal, RefusalKind, RenderRefusal, problem_json, stripe_error};
 pub use service::IdempotencyService;

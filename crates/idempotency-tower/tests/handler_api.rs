@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use idempotency_core::{FingerprintSpec, KeyClaim, Scope};
 use idempotency_memory::MemoryStore;
-use idempotency_tower::{IdempotencyLayer, NotStored, Profile, Refusal, RefusalKind};
+use idempotency_tower::{Claim, IdempotencyLayer, NotStored, Profile, Refusal, RefusalKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -77,7 +77,7 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
     let app = Router::new()
         .route(
             "/pay",
-            post(|lease: KeyClaim| async move {
+            post(|Claim(lease): Claim| async move {
                 format!(
                     "{}|{}|{}|{}",
                     lease.key().as_str(),
@@ -86,9 +86,9 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
                     lease.is_held()
                 )
             })
-            .get(|lease: Option<KeyClaim>| async move { format!("lease: {}", lease.is_some()) }),
+            .get(|lease: Option<Claim>| async move { format!("lease: {}", lease.is_some()) }),
         )
-        .route("/needs-lease", get(|_lease: KeyClaim| async { "never" }))
+        .route("/needs-lease", get(|_lease: Claim| async { "never" }))
         .layer(builder().build());
 
     let (status, _, body) = send(&app, post_req("/pay", Some(KEY), "{}")).await;

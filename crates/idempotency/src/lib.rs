@@ -22,8 +22,6 @@ use std::sync::Arc;
 
 // An HTTP application: the key, the scope and the fingerprint it covers, the claim and the
 // transaction a handler sees, and the errors it may meet.
-#[cfg(feature = "axum")]
-pub use idempotency_core::KeyClaimRejection;
 pub use idempotency_core::{
     BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENCY_REFUSAL,
     IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim,
@@ -47,13 +45,13 @@ pub use idempotency_core::{
 };
 /// Re-exported so users name the same `http` and `bytes` versions.
 pub use idempotency_core::{bytes, http};
+#[cfg(feature = "axum")]
+pub use idempotency_tower::{Claim, KeyClaimRejection, Tx, TxRejection};
 pub use idempotency_tower::{
     Final, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
     NotStored, Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet,
     problem_json, stripe_error,
 };
-#[cfg(feature = "axum")]
-pub use idempotency_tower::{Tx, TxRejection};
 
 #[cfg(feature = "memory")]
 pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, ReplayTier};

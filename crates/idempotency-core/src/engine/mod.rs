@@ -25,8 +25,6 @@ mod timer;
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy};
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use key_claim::KeyClaim;
-#[cfg(feature = "axum")]
-pub use key_claim::KeyClaimRejection;
 pub use limit::ScopeLimit;
 
 use crate::store::StoreOp;
