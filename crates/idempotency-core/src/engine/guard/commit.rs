@@ -10,7 +10,7 @@ use crate::store::{
     ClaimOutcome, CommitOutcome, DiscardOutcome, FenceOutcome, Record, StoreTransaction,
 };
 use crate::store::{Settled, StoreOp};
-use crate::{ErrorChain, IdempotencyStore, StoredResponse};
+use crate::{ErrorChain, IdempotencyStore, StoreError, StoredResponse};
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
@@ -215,43 +215,50 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// client gets what that request stands for.
     async fn store_after_rollback(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
-        let lease = &self.lease;
-        if let Hold::Transaction { fingerprint, .. } = self.hold {
-            let claimed = shared
-                .call(
-                    StoreOp::Claim,
-                    shared.store.claim(
-                        lease.scope(),
-                        lease.key(),
-                        &fingerprint,
-                        lease.token(),
-                        shared.config.lease,
-                    ),
-                )
-                .await;
-            match claimed {
-                Ok(ClaimOutcome::Claimed) => {}
-                Ok(ClaimOutcome::Existing(record)) => {
-                    tracing::debug!(
-                        backend = shared.store.backend(),
-                        "another request took the key after the discarded writes rolled back: \
-                         answering with what it stands for"
-                    );
-                    return Completion::Superseded(self.superseded_by(record));
-                }
-                Err(error) => {
-                    tracing::warn!(
-                        backend = shared.store.backend(),
-                        error = %ErrorChain(&error),
-                        "could not claim the key to store the answer whose writes were discarded"
-                    );
-                    // The claim may have landed: fenced by the token, so only ours goes.
-                    spawn_release(Arc::clone(shared), lease.clone(), "discard not claimed");
-                    return Completion::RolledBack(RollbackCause::Store);
-                }
+        match self.claim_after_transaction().await {
+            None | Some(Ok(ClaimOutcome::Claimed)) => {}
+            Some(Ok(ClaimOutcome::Existing(record))) => {
+                tracing::debug!(
+                    backend = shared.store.backend(),
+                    "another request took the key after the discarded writes rolled back: \
+                     answering with what it stands for"
+                );
+                return Completion::Superseded(self.superseded_by(record));
+            }
+            Some(Err(error)) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not claim the key to store the answer whose writes were discarded"
+                );
+                // The claim may have landed: fenced by the token, so only ours goes.
+                spawn_release(
+                    Arc::clone(shared),
+                    self.lease.clone(),
+                    "discard not claimed",
+                );
+                return Completion::RolledBack(RollbackCause::Store);
             }
         }
         self.store(response).await
+    }
+
+    /// In the one-transaction modes the key's only hold was the request's transaction, which
+    /// is gone: claims the key with this request's token, so the response can be stored.
+    /// `None` in the lease mode, whose claim's record holds the key throughout.
+    async fn claim_after_transaction(&self) -> Option<Result<ClaimOutcome, StoreError>> {
+        let Hold::Transaction { fingerprint, .. } = self.hold else {
+            return None;
+        };
+        let (shared, lease) = (&self.shared, &self.lease);
+        let claim = shared.store.claim(
+            lease.scope(),
+            lease.key(),
+            &fingerprint,
+            lease.token(),
+            shared.config.lease,
+        );
+        Some(shared.call(StoreOp::Claim, claim).await)
     }
 
     /// Stores the response outside the request's transaction, which the handler committed
@@ -259,35 +266,19 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// took the key. The one-transaction mode holds no record yet: the key is claimed with this
     /// request's token first.
     pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
-        let shared = &self.shared;
-        let lease = &self.lease;
-        if let Hold::Transaction { fingerprint, .. } = self.hold {
-            let claimed = shared
-                .call(
-                    StoreOp::Claim,
-                    shared.store.claim(
-                        lease.scope(),
-                        lease.key(),
-                        &fingerprint,
-                        lease.token(),
-                        shared.config.lease,
-                    ),
-                )
-                .await;
-            match claimed {
-                Ok(ClaimOutcome::Claimed) => {}
-                Ok(ClaimOutcome::Existing(_)) => {
-                    return self.lost("another request took the key after the handler's COMMIT");
-                }
-                Err(error) => {
-                    tracing::error!(
-                        backend = shared.store.backend(),
-                        error = %ErrorChain(&error),
-                        "could not record the key after the handler's own COMMIT: a retry of \
-                         this request will run it again"
-                    );
-                    return Completion::Stale;
-                }
+        match self.claim_after_transaction().await {
+            None | Some(Ok(ClaimOutcome::Claimed)) => {}
+            Some(Ok(ClaimOutcome::Existing(_))) => {
+                return self.lost("another request took the key after the handler's COMMIT");
+            }
+            Some(Err(error)) => {
+                tracing::error!(
+                    backend = self.shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not record the key after the handler's own COMMIT: a retry of \
+                     this request will run it again"
+                );
+                return Completion::Stale;
             }
         }
         self.store(response).await
