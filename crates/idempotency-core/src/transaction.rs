@@ -269,7 +269,8 @@ pub trait StoreTransaction: Send + Sync + 'static {
     ///
     /// The default rolls back and answers [`DiscardOutcome::RolledBack`]: the engine then
     /// claims the key and stores the answer itself, and answers with what stands if another
-    /// request took the key in between. An `Err` that
+    /// request took the key in between (a rollback that fails is no reason not to store the
+    /// answer: that transaction ends with its connection, uncommitted). An `Err` that
     /// [`is_unreachable`](StoreError::is_unreachable) means the record may or may not have
     /// landed; any other `Err`, that it did not. Either way the writes are rolled back.
     async fn discard_writes_and_store(
@@ -278,7 +279,14 @@ pub trait StoreTransaction: Send + Sync + 'static {
         retention: Duration,
     ) -> Result<DiscardOutcome, StoreError> {
         let _ = (response, retention);
-        self.rollback().await?;
+        if let Err(error) = self.rollback().await {
+            // Nothing commits on a transaction that failed to roll back: it ends with its
+            // connection. Storing the answer is still right.
+            tracing::warn!(
+                error = %crate::ErrorChain(&error),
+                "could not roll back the discarded transaction; it ends with its connection"
+            );
+        }
         Ok(DiscardOutcome::RolledBack)
     }
 

@@ -155,7 +155,15 @@ impl<D: Driver> OpenTransaction<D> {
         match self.at_commit {
             Some(at_commit) => self.discard_and_store(at_commit, response, retention).await,
             None => {
-                self.rollback().await?;
+                // A rollback that fails ends the transaction with its connection, uncommitted:
+                // the claim's answer is still to be stored.
+                if let Err(error) = self.rollback().await {
+                    tracing::warn!(
+                        backend = BACKEND,
+                        error = %idempotency_core::ErrorChain(&error),
+                        "could not roll back the discarded transaction; it ends with its connection"
+                    );
+                }
                 Ok(DiscardOutcome::RolledBack)
             }
         }
