@@ -70,6 +70,22 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// Every request transaction the engine admits at once on this store is running (the
+    /// database is contended, see
+    /// [`TransactionAdmission`](crate::TransactionAdmission)), and none ended within the
+    /// store timeout. The store is up; retrying later may help. The layer answers `503
+    /// store-busy`.
+    #[error(
+        "the {backend} idempotency store runs {limit} request transactions at once and none ended within {waited:?}"
+    )]
+    Busy {
+        /// Which store.
+        backend: &'static str,
+        /// The transactions admitted at once when the request gave up.
+        limit: usize,
+        /// How long it waited for a place.
+        waited: std::time::Duration,
+    },
     /// A stored record could not be decoded.
     #[error("a record in the {backend} idempotency store is corrupt")]
     Corrupt {
@@ -107,6 +123,7 @@ impl StoreError {
                 | StoreError::Full { .. }
                 | StoreError::ScopeFull { .. }
                 | StoreError::NotReplicated { .. }
+                | StoreError::Busy { .. }
         )
     }
 
@@ -131,6 +148,7 @@ impl StoreError {
             | StoreError::ScopeFull { backend, .. }
             | StoreError::Backend { backend, .. }
             | StoreError::NotReplicated { backend, .. }
+            | StoreError::Busy { backend, .. }
             | StoreError::Corrupt { backend, .. } => backend,
         }
     }

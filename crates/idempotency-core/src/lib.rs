@@ -19,7 +19,7 @@ mod transaction;
 
 pub use engine::{
     Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, KeyClaim, ReplayPolicy,
-    RollbackCause, ScopeLimit, Superseded,
+    RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
 };
 pub use error::{BoxError, ErrorChain, StoreError};
 pub use fingerprint::{

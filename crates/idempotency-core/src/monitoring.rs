@@ -84,6 +84,16 @@ pub const POOL_CONNECTIONS_METRIC: &str = "idempotency_store_pool_connections";
 /// Gauge, by `backend`: calls waiting for one of the store's connections ([`record_pool`]).
 pub const POOL_WAITING_METRIC: &str = "idempotency_store_pool_waiting";
 
+/// Gauge, by `backend`: how many request transactions the engine admits at once on a store
+/// whose transactions hold pooled connections
+/// ([`TransactionAdmission::Adaptive`](crate::TransactionAdmission::Adaptive)); at the pool
+/// without contention, toward 1 on hot rows. Set when it moves.
+pub const TRANSACTIONS_ADMITTED_METRIC: &str = "idempotency_transactions_admitted_limit";
+
+/// Counter, by `backend`: requests that waited the store timeout for a place among the
+/// admitted transactions and got none (answered `503 store-busy`).
+pub const ADMISSION_TIMEOUTS_METRIC: &str = "idempotency_transaction_admission_timeouts_total";
+
 /// Sets the pool gauges from what `store` says of its pool ([`IdempotencyStore::pool_status`]),
 /// from memory: call it where a scrape is answered. A store without a pool sets none.
 pub fn record_pool<S: IdempotencyStore + ?Sized>(store: &S) {

@@ -6,7 +6,7 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
 use idempotency_core::store::StoreTransaction;
-use idempotency_core::{KeyClaim, Transaction, TransactionError, TransactionSlot};
+use idempotency_core::{KeyClaim, StoreError, Transaction, TransactionError, TransactionSlot};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
@@ -115,6 +115,10 @@ impl IntoResponse for TxRejection {
             TransactionError::LeaseLost => Problem::InFlight { retry_after },
             // Logged where it was refused; the layer releases the key.
             TransactionError::InUse => Problem::TransactionMisused,
+            TransactionError::Store(error @ StoreError::Busy { .. }) => {
+                tracing::warn!(error = %idempotency_core::ErrorChain(error), "the database is contended: no request transaction ended in time to admit this one; answering 503 store-busy");
+                Problem::StoreBusy { retry_after }
+            }
             TransactionError::Store(error) => {
                 tracing::warn!(error = %idempotency_core::ErrorChain(error), "could not open the request's idempotency transaction");
                 Problem::StoreUnavailable { retry_after }

@@ -204,6 +204,13 @@ where
                 let problem = Problem::ScopeFull { retry_after };
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::ScopeFull)))
             }
+            Err(error @ StoreError::Busy { .. }) => {
+                tracing::warn!(error = %ErrorChain(&error), "the database is contended: no request transaction ended in time to admit this one; answering 503 store-busy");
+                let problem = Problem::StoreBusy {
+                    retry_after: RETRY_AFTER,
+                };
+                Ok(refuse(&shared, &route, Refused(problem, Outcome::StoreError)))
+            }
             Err(error) => {
                 let retry_after = RETRY_AFTER;
                 // Said as what it is: a pool whose every connection is held (by requests waiting

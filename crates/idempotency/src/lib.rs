@@ -26,8 +26,8 @@ pub use idempotency_core::{
     BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENCY_REFUSAL,
     IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim,
     KeyError, KeyFormat, LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN, ReplayPolicy, Scope, ScopeError,
-    StoreError, Transaction, TransactionError, TransactionSlot, purge_periodically,
-    redact_credentials,
+    StoreError, Transaction, TransactionAdmission, TransactionError, TransactionSlot,
+    purge_periodically, redact_credentials,
 };
 // Jobs and messages (`Engine::once`), and driving the engine by hand (`Engine::begin`, whose
 // request is a `Fingerprint` and whose answer a `StoredResponse`).

@@ -162,6 +162,29 @@ pub struct EngineConfig {
     /// and other scopes go on. It bounds how fast one caller can grow a PostgreSQL or Redis
     /// store (which evict nothing) by flooding it with new keys. Default none.
     pub new_keys_per_scope: Option<super::ScopeLimit>,
+    /// How many request transactions run at once on a store whose transactions hold pooled
+    /// connections (the PostgreSQL store). Default [`TransactionAdmission::Adaptive`].
+    pub transaction_admission: TransactionAdmission,
+}
+
+/// How many request transactions the engine lets run at once on a store whose transactions
+/// hold pooled connections ([`IdempotencyStore::pool_status`](crate::IdempotencyStore::pool_status)).
+/// Replays and duplicates never wait for a place: they are answered from the key's lookup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransactionAdmission {
+    /// At most the pool, fewer when the transactions' times show them waiting on each other
+    /// (hot rows): the limit follows the ratio of the quickest recent transaction to the
+    /// average one, between 1 and the pool. Under the contention bench (two instances, five
+    /// hot rows locked in opposite orders, SDK-like retries) the default pool ran 0.6-0.7x of
+    /// the best fixed pool this way, where the pool alone ran 0.03-0.08x of it; without hot
+    /// rows the limit grows to the pool (`docs/benchmarks.md`, "Under contention"). A request
+    /// that finds no place waits for one up to the store timeout, then gets
+    /// [`StoreError::Busy`](crate::StoreError::Busy) (`503 store-busy`).
+    #[default]
+    Adaptive,
+    /// As many as the pool has connections: the pool's own queue is the only limit.
+    WholePool,
 }
 
 impl EngineConfig {
@@ -199,6 +222,7 @@ impl Default for EngineConfig {
             claim_mode: ClaimMode::Lease,
             in_flight_retry_after: Duration::from_secs(1),
             new_keys_per_scope: None,
+            transaction_admission: TransactionAdmission::Adaptive,
         }
     }
 }
@@ -234,6 +258,11 @@ impl EngineConfig {
     /// Sets [`store_timeout`](Self#structfield.store_timeout).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout;
+        self
+    }
+    /// Sets [`transaction_admission`](Self#structfield.transaction_admission).
+    pub fn transaction_admission(mut self, admission: TransactionAdmission) -> Self {
+        self.transaction_admission = admission;
         self
     }
     /// Sets [`claim_mode`](Self#structfield.claim_mode).

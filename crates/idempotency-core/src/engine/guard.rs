@@ -2,6 +2,7 @@
 //! reaches the store (`guard/commit.rs`: ending the request's transaction).
 
 use super::Shared;
+use super::admission::{Admitted, Place};
 use super::heartbeat::Registration;
 use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
@@ -45,6 +46,12 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     in_flight: Option<InFlight>,
     /// Speculative mode: whether the key's lookup has been answered.
     lookup: Option<LookupSignal>,
+    /// Its place among the request transactions admitted at once, until the transaction ends
+    /// (not the guard: what follows a rollback, a claim of the key, may wait for a pooled
+    /// connection, which a request waiting for a place may hold).
+    /// Shared with the lease mode's opener, which takes the place when the handler opens the
+    /// transaction. `None` on a store without admission (nothing allocated for it).
+    admitted: Option<Place>,
 }
 
 /// How a guard holds its key.
@@ -85,10 +92,12 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         } else {
             (None, false)
         };
+        let admitted: Option<Place> = shared.admission.as_ref().map(|_| Arc::default());
         let transaction = shared.store.transactional().is_some().then(|| {
             TransactionSlot::new(Box::new(TxOpener {
                 shared: Arc::clone(&shared),
                 lease: lease.clone(),
+                admitted: admitted.clone(),
             }))
         });
         let in_flight = Some(shared.in_flight.enter());
@@ -103,6 +112,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             charge: None,
             in_flight,
             lookup: None,
+            admitted,
         }
     }
 
@@ -117,6 +127,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         speculative: bool,
     ) -> Self {
         let in_flight = Some(shared.in_flight.enter());
+        let admitted = None;
         let lookup = if speculative {
             tx.lookup_signal()
         } else {
@@ -136,6 +147,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             },
             charge: None,
             in_flight,
+            admitted,
         }
     }
 
@@ -143,6 +155,19 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     pub(crate) fn charged(mut self, charge: Charge) -> Self {
         self.charge = Some(charge);
         self
+    }
+
+    /// This request's transaction took `place` among those admitted at once.
+    pub(crate) fn admitted(mut self, place: Admitted) -> Self {
+        self.admitted = Some(Arc::new(std::sync::Mutex::new(Some(place))));
+        self
+    }
+
+    /// The request's transaction ended: its place goes to the next.
+    fn transaction_ended(&self) {
+        if let Some(Ok(mut admitted)) = self.admitted.as_ref().map(|place| place.lock()) {
+            admitted.take();
+        }
     }
 
     /// Registering this request started the engine's heartbeat driver on this thread.

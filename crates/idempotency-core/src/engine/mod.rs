@@ -8,6 +8,7 @@
 //! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
 
+mod admission;
 mod completion;
 mod config;
 mod guard;
@@ -22,7 +23,7 @@ mod retry;
 mod store_metrics;
 mod timer;
 
-pub use config::{ClaimMode, EngineConfig, ReplayPolicy};
+pub use config::{ClaimMode, EngineConfig, ReplayPolicy, TransactionAdmission};
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use key_claim::KeyClaim;
 pub use limit::ScopeLimit;
@@ -104,6 +105,9 @@ pub(crate) struct Shared<S> {
     pub(crate) in_flight: in_flight::InFlightGauges,
     /// [`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope), when set.
     limiter: Option<limit::ScopeLimiter>,
+    /// The admission of request transactions, on a store whose transactions hold pooled
+    /// connections ([`TransactionAdmission::Adaptive`]).
+    pub(crate) admission: Option<Arc<admission::Admission>>,
 }
 
 impl<S> Drop for Shared<S> {
@@ -180,6 +184,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 metrics,
                 in_flight: in_flight::InFlightGauges::announce(),
                 limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
+                admission: match config.transaction_admission {
+                    TransactionAdmission::Adaptive => store
+                        .transactional()
+                        .and(store.pool_status())
+                        .map(|pool| admission::Admission::new(pool.max, store.backend())),
+                    TransactionAdmission::WholePool => None,
+                },
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -345,15 +356,8 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Ok(charge) => Ok(Begin::Proceed(guard.charged(charge))),
             Err(retry_after) => {
                 // A speculative request's key may turn out used: it still replays.
-                match guard.release().await {
-                    Completion::Superseded(Superseded::Replay(stored)) => {
-                        return Ok(Begin::Replay(stored));
-                    }
-                    Completion::Superseded(Superseded::Mismatch) => return Ok(Begin::Mismatch),
-                    Completion::Superseded(Superseded::InFlight { retry_after }) => {
-                        return Ok(Begin::InFlight { retry_after });
-                    }
-                    _ => {}
+                if let Some(answer) = answer_instead(guard.release().await) {
+                    return Ok(answer);
                 }
                 let ScopeLimit { keys, per } = limiter.limit();
                 Err(StoreError::ScopeFull {
@@ -363,6 +367,19 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 })
             }
         }
+    }
+}
+
+/// What a request answers instead of running, when releasing (or settling) its guard found
+/// its key another's: a replay, a mismatch, in flight.
+fn answer_instead<S: IdempotencyStore + 'static>(completion: Completion) -> Option<Begin<S>> {
+    match completion {
+        Completion::Superseded(Superseded::Replay(stored)) => Some(Begin::Replay(stored)),
+        Completion::Superseded(Superseded::Mismatch) => Some(Begin::Mismatch),
+        Completion::Superseded(Superseded::InFlight { retry_after }) => {
+            Some(Begin::InFlight { retry_after })
+        }
+        _ => None,
     }
 }
 

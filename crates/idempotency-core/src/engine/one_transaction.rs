@@ -1,10 +1,11 @@
 //! [`Engine::begin`] in [`ClaimMode::OneTransaction`]: the key's lookup opens the request's
 //! transaction, and nothing is written before the handler's own writes.
 
+use super::admission::Admitted;
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
-use crate::store::OneTransactionBegin;
 use crate::store::StoreOp;
+use crate::store::{OneTransactionBegin, Settled, StoreTransaction};
 use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,9 +75,18 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     }
                 })
                 .await;
-            let running = match begun {
+            let begun = match begun {
                 Ok(OneTransactionBegin::Absent(tx)) => {
+                    self.take_place(tx, &scope, &key, &fingerprint, token, speculative)
+                        .await
+                }
+                other => other.map(|begun| (begun, None)),
+            };
+            let running = match begun {
+                Ok((OneTransactionBegin::Absent(tx), place)) => {
                     let lease = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
+                    // Settled already when it had to wait for its place.
+                    let speculative = speculative && tx.lookup_signal().is_some();
                     let guard = Guard::in_transaction(
                         Arc::clone(shared),
                         lease,
@@ -84,14 +94,19 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         tx,
                         speculative,
                     );
+                    let guard = match place {
+                        Some(place) => guard.admitted(place),
+                        None => guard,
+                    };
                     return self.admitted(guard).await;
                 }
-                Ok(OneTransactionBegin::Existing(record)) => match judge(record, &fingerprint) {
+                Ok((OneTransactionBegin::Existing(record), _)) => match judge(record, &fingerprint)
+                {
                     Judged::Mismatch => return Ok(Begin::Mismatch),
                     Judged::Replay(response) => return Ok(Begin::Replay(response)),
                     Judged::Running(lease_remaining) => lease_remaining,
                 },
-                Ok(OneTransactionBegin::Busy) => TRANSACTION_RETRY_AFTER,
+                Ok((OneTransactionBegin::Busy, _)) => TRANSACTION_RETRY_AFTER,
                 Err(error) => {
                     return match seen_running {
                         // Something already showed that another request holds the key.
@@ -111,5 +126,72 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             tokio::time::sleep(poll.min(deadline - now)).await;
             poll = (poll * 2).min(MAX_POLL);
         }
+    }
+
+    /// A place among the request transactions admitted at once for the transaction `tx` that
+    /// found the key free ([`TransactionAdmission`](crate::TransactionAdmission)): at once when
+    /// one is free. Otherwise the request waits for one holding no connection (a waiter that
+    /// held one could hold the connection a running transaction needs next): a speculative
+    /// transaction's lookup is read first (a replay or a duplicate needs no place), `tx` rolls
+    /// back, and once a place is free the key is looked up again in a new transaction. `None`
+    /// as the place when the store has no admission.
+    async fn take_place(
+        &self,
+        mut tx: Box<dyn StoreTransaction>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        token: LeaseToken,
+        speculative: bool,
+    ) -> Result<(OneTransactionBegin, Option<Admitted>), StoreError> {
+        let shared = &self.shared;
+        let Some(admission) = &shared.admission else {
+            return Ok((OneTransactionBegin::Absent(tx), None));
+        };
+        if let Some(place) = admission.try_admit() {
+            return Ok((OneTransactionBegin::Absent(tx), Some(place)));
+        }
+        if speculative {
+            match shared.call(StoreOp::Settle, tx.settle()).await? {
+                Settled::Proceed => {}
+                Settled::Existing(record) => {
+                    return Ok((OneTransactionBegin::Existing(record), None));
+                }
+                Settled::Busy => return Ok((OneTransactionBegin::Busy, None)),
+            }
+        }
+        if let Err(error) = shared.call(StoreOp::Rollback, tx.rollback()).await {
+            tracing::debug!(error = %crate::ErrorChain(&error), "could not roll back a transaction waiting for its place; it ends with its connection");
+        }
+        let waited = shared.config.store_timeout;
+        let Some(place) = admission.admit(waited).await else {
+            let limit = admission.limit();
+            tracing::warn!(
+                limit,
+                ?waited,
+                "no request transaction ended in time to admit this one: the database is \
+                 contended (hot rows), or the pool is held; answering 503 store-busy"
+            );
+            return Err(StoreError::Busy {
+                backend: shared.store.backend(),
+                limit,
+                waited,
+            });
+        };
+        let hold = shared.config.lease;
+        let store = shared.store.transactional().ok_or_else(|| {
+            StoreError::from_failure(
+                shared.store.backend(),
+                false,
+                "the store lost its transactions",
+            )
+        })?;
+        let begun = shared
+            .call(
+                StoreOp::BeginTransaction,
+                store.begin_one_transaction(scope, key, fingerprint, token, hold),
+            )
+            .await?;
+        Ok((begun, Some(place)))
     }
 }

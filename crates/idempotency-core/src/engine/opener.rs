@@ -1,16 +1,20 @@
 //! Opening a request's transaction, on first use.
 
 use super::Shared;
+use super::admission::Place;
 use super::key_claim::KeyClaim;
-use crate::IdempotencyStore;
 use crate::store::StoreOp;
 use crate::transaction::{OpenFuture, Opener, TransactionError};
+use crate::{IdempotencyStore, StoreError};
 use std::sync::Arc;
 
 /// Opens a claim's transaction on first use.
 pub(crate) struct TxOpener<S> {
     pub(crate) shared: Arc<Shared<S>>,
     pub(crate) lease: KeyClaim,
+    /// Where the transaction's place among those admitted at once goes: the guard's, which
+    /// gives it back when the transaction ends; `None` on a store without admission.
+    pub(crate) admitted: Option<Place>,
 }
 
 impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
@@ -21,6 +25,24 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
             };
             if !self.lease.is_held() {
                 return Err(TransactionError::LeaseLost);
+            }
+            if let (Some(admission), Some(admitted)) = (&self.shared.admission, &self.admitted) {
+                let place = match admission.try_admit() {
+                    Some(place) => place,
+                    None => {
+                        let waited = self.shared.config.store_timeout;
+                        admission.admit(waited).await.ok_or_else(|| {
+                            TransactionError::Store(StoreError::Busy {
+                                backend: self.shared.store.backend(),
+                                limit: admission.limit(),
+                                waited,
+                            })
+                        })?
+                    }
+                };
+                if let Ok(mut admitted) = admitted.lock() {
+                    *admitted = Some(place);
+                }
             }
             let lease = &self.lease;
             let begun = self

@@ -5,7 +5,9 @@ use super::IdempotencyLayerBuilder;
 use crate::refusal::Profile;
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
-use idempotency_core::{BodyCanonicalization, ClaimMode, KeyFormat, ReplayPolicy};
+use idempotency_core::{
+    BodyCanonicalization, ClaimMode, KeyFormat, ReplayPolicy, TransactionAdmission,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +61,17 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// A store without the mode answers every covered request 503 and logs why.
     pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
         self.engine.claim_mode = mode;
+        self
+    }
+
+    /// How many request transactions run at once on a store whose transactions hold pooled
+    /// connections (the PostgreSQL store): [`TransactionAdmission::Adaptive`] (the default)
+    /// admits fewer than the pool when the transactions wait on each other (hot rows), so a
+    /// default pool holds under contention; [`TransactionAdmission::WholePool`] lets the
+    /// pool alone limit them. A request that waits longer than the store timeout for a place
+    /// is answered `503 store-busy`; replays and duplicates never wait for one.
+    pub fn transaction_admission(mut self, admission: TransactionAdmission) -> Self {
+        self.engine.transaction_admission = admission;
         self
     }
 

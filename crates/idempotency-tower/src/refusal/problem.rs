@@ -203,7 +203,7 @@ impl Problem {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-busy",
                 "Idempotency store busy",
-                "Every connection to the idempotency store was in use (the application's own requests hold them), so the request could not be checked in time and was not run; retry after the time in Retry-After.".into(),
+                "The idempotency store's connections, or its places for request transactions, were all in use (the application's own requests hold them, or wait on each other's locks), so the request could not be checked in time and was not run; retry after the time in Retry-After.".into(),
                 "idempotency_store_busy",
             ),
             Problem::ScopeFull { .. } => (

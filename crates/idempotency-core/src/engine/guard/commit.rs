@@ -82,6 +82,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tx.complete_and_commit(&response, shared.config.retention),
             )
             .await;
+        self.transaction_ended();
         match committed {
             Ok(CommitOutcome::Committed) => Completion::Stored,
             Ok(CommitOutcome::Superseded(record)) => {
@@ -184,6 +185,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tx.discard_writes_and_store(&response, shared.config.retention),
             )
             .await;
+        self.transaction_ended();
         match discarded {
             Ok(DiscardOutcome::Stored) => Completion::Stored,
             Ok(DiscardOutcome::Superseded(record)) => {
@@ -313,7 +315,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     pub(super) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
-        if let Err(error) = self.shared.call(StoreOp::Rollback, tx.rollback()).await {
+        let rolled_back = self.shared.call(StoreOp::Rollback, tx.rollback()).await;
+        self.transaction_ended();
+        if let Err(error) = rolled_back {
             // The transaction cannot commit any more: a failed rollback ends with its
             // connection, and the server rolls it back.
             tracing::warn!(
