@@ -44,6 +44,83 @@ pub(crate) enum Command {
     /// Serves one variant of `http-pg` (started by `http-pg`).
     #[command(hide = true)]
     ServePgTasks(ServePgArgs),
+    /// Under contention (issue 45): an orders service on hot stock rows in two instances,
+    /// SDK-like clients that cut first attempts off and retry with the same key; throughput and
+    /// replay latency per claim mode and pool size, every key checked against the database;
+    /// prints the Markdown table.
+    Contention(ContentionArgs),
+    /// Serves the orders service of `contention` (started by `contention`).
+    #[command(hide = true)]
+    ServeShop(ServeShopArgs),
+}
+
+/// Settings of the contention bench.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ContentionArgs {
+    /// The database (the bench creates and drops the schema `idempotency_contention` there).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true
+    )]
+    pub(crate) url: String,
+    /// Claim modes, comma-separated (`lease`, `one-transaction`, `speculative`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "lease,one-transaction,speculative"
+    )]
+    pub(crate) modes: Vec<String>,
+    /// Pool sizes, comma-separated; `default` runs the store's default.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,default")]
+    pub(crate) pools: Vec<String>,
+    /// Clients sending orders at once.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) clients: usize,
+    /// Seconds of load per run.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) seconds: f64,
+    /// Runs of each mode and pool size, interleaved (the table shows the median run).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
+    /// Hot items.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) items: i32,
+    /// The lease in milliseconds (default: the library's).
+    #[arg(long)]
+    pub(crate) lease_ms: Option<u64>,
+    /// How many request transactions run at once, comma-separated: `adaptive` (the default)
+    /// and `whole-pool` (the pool alone limits them).
+    #[arg(long, value_delimiter = ',', default_value = "adaptive")]
+    pub(crate) admission: Vec<String>,
+}
+
+/// Settings of one `serve-shop` server.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ServeShopArgs {
+    #[arg(long)]
+    pub(crate) listen: std::net::SocketAddr,
+    /// The database (read from the environment, so a password never shows in the process list).
+    #[arg(long, env = "IDEMPOTENCY_BENCH_POSTGRES_URL", hide_env_values = true)]
+    pub(crate) url: String,
+    #[arg(long)]
+    pub(crate) schema: String,
+    #[arg(long)]
+    pub(crate) mode: String,
+    /// The pool size; 0: the store's default.
+    #[arg(long)]
+    pub(crate) pool: usize,
+    #[arg(long)]
+    pub(crate) lease_ms: Option<u64>,
+    #[arg(long)]
+    pub(crate) store_timeout_ms: Option<u64>,
+    /// The pool alone limits the request transactions (`TransactionAdmission::WholePool`).
+    #[arg(long)]
+    pub(crate) whole_pool: bool,
+    /// A seeded bug for the checks' own test: refusals stored without `discard_writes`.
+    #[arg(long, hide = true)]
+    pub(crate) keep_refused_writes: bool,
 }
 
 /// Settings of the HTTP comparison on PostgreSQL.
@@ -85,7 +162,8 @@ pub(crate) struct ServePgArgs {
     pub(crate) url: String,
     #[arg(long)]
     pub(crate) variant: String,
-    #[arg(long, default_value_t = 32)]
+    /// The pool size (the env var sets it for every server `http-pg` starts).
+    #[arg(long, env = "IDEMPOTENCY_BENCH_POOL", default_value_t = 32)]
     pub(crate) pool: usize,
 }
 

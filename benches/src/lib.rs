@@ -1,6 +1,7 @@
 //! What the benches, the report and the load generator share: the stores under test, how to
 //! reach them, and the same statements sent without the library (the floor).
 
+pub mod contention;
 pub mod http;
 pub mod http_pg;
 pub mod load;

@@ -118,6 +118,42 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
+        Command::Contention(args) => runtime.block_on(contention(args)),
+        Command::ServeShop(args) => {
+            // `RUST_LOG=idempotency_core=debug` shows the admitted transactions' limit.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
+            let Some(mode) = idempotency_bench::contention::parse_mode(&args.mode) else {
+                eprintln!("serve-shop: unknown claim mode {}", args.mode);
+                return std::process::ExitCode::FAILURE;
+            };
+            let settings = idempotency_bench::contention::shop::ShopSettings {
+                url: args.url,
+                schema: args.schema,
+                mode,
+                pool: args.pool,
+                lease: args.lease_ms.map(std::time::Duration::from_millis),
+                store_timeout: args.store_timeout_ms.map(std::time::Duration::from_millis),
+                admission: if args.whole_pool {
+                    idempotency::TransactionAdmission::WholePool
+                } else {
+                    idempotency::TransactionAdmission::Adaptive
+                },
+                keep_refused_writes: args.keep_refused_writes,
+            };
+            match runtime.block_on(idempotency_bench::contention::shop::serve(
+                args.listen,
+                settings,
+            )) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("serve-shop: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::ServeTasks(args) => match runtime.block_on(http::serve(args.listen, args.layer)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -125,6 +161,108 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Runs the contention bench and prints its Markdown table: each mode and pool size `rounds`
+/// times, interleaved, the median run (by throughput) shown.
+async fn contention(args: ContentionArgs) -> std::process::ExitCode {
+    use idempotency_bench::contention::{self, Settings, shop::ShopSettings};
+    let Ok(binary) = std::env::current_exe() else {
+        eprintln!("contention: cannot find the bench binary");
+        return std::process::ExitCode::FAILURE;
+    };
+    let mut runs = Vec::new();
+    for mode in &args.modes {
+        let Some(mode) = contention::parse_mode(mode) else {
+            eprintln!("contention: unknown claim mode {mode}");
+            return std::process::ExitCode::FAILURE;
+        };
+        for pool in &args.pools {
+            let pool = match pool.as_str() {
+                "default" => 0,
+                n => match n.parse() {
+                    Ok(n) => n,
+                    Err(_) => {
+                        eprintln!("contention: pool size {n} is not a number");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                },
+            };
+            for admission in &args.admission {
+                let admission = match admission.as_str() {
+                    "adaptive" => idempotency::TransactionAdmission::Adaptive,
+                    "whole-pool" => idempotency::TransactionAdmission::WholePool,
+                    other => {
+                        eprintln!("contention: unknown admission {other}");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                };
+                runs.push((mode, pool, admission));
+            }
+        }
+    }
+    let schema = "idempotency_contention".to_owned();
+    let mut outcomes: Vec<Vec<contention::Outcome>> = vec![Vec::new(); runs.len()];
+    let mut failed = false;
+    for round in 0..args.rounds.max(1) {
+        for (i, &(mode, pool, admission)) in runs.iter().enumerate() {
+            let settings = Settings {
+                binary: binary.clone(),
+                shop: ShopSettings {
+                    url: args.url.clone(),
+                    schema: schema.clone(),
+                    mode,
+                    pool,
+                    lease: args.lease_ms.map(std::time::Duration::from_millis),
+                    store_timeout: None,
+                    admission,
+                    keep_refused_writes: false,
+                },
+                instances: 2,
+                clients: args.clients,
+                duration: std::time::Duration::from_secs_f64(args.seconds),
+                items: args.items,
+                behaviour: contention::client::ClientBehaviour::default(),
+                resend_share: 0.25,
+                kill: None,
+                settle: std::time::Duration::from_secs(30),
+            };
+            match contention::run(&settings).await {
+                Ok(outcome) => {
+                    eprintln!(
+                        "round {round}: {} pool {pool}: {:.1} orders/s, replay p50 {:?}, {} violations",
+                        contention::mode_name(mode),
+                        outcome.throughput,
+                        outcome.replay_p50,
+                        outcome.violations.len()
+                    );
+                    for violation in outcome.violations.iter().take(5) {
+                        eprintln!("  {violation}");
+                    }
+                    failed |= !outcome.violations.is_empty();
+                    outcomes[i].push(outcome);
+                }
+                Err(e) => {
+                    eprintln!("contention: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    let _ = contention::cleanup(&args.url, &schema).await;
+    let medians: Vec<contention::Outcome> = outcomes
+        .into_iter()
+        .filter_map(|mut runs| {
+            runs.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
+            runs.get(runs.len() / 2).cloned()
+        })
+        .collect();
+    println!("{}", contention::markdown_table(&medians));
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
     }
 }
 

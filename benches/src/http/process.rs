@@ -56,6 +56,12 @@ impl ServerProcess {
         Ok(ServerProcess { child, addr })
     }
 
+    /// SIGKILLs the process (no shutdown of any kind) and reaps it.
+    pub async fn kill(&mut self) {
+        // Already gone is fine: it is gone either way.
+        let _ = self.child.kill().await;
+    }
+
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
