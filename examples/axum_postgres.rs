@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency::postgres::tokio_postgres::types::Type;
-use idempotency::{IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use serde::Deserialize;
 
 /// The caller's id, as an authentication layer would put it in the request.
@@ -56,7 +56,7 @@ struct NewOrder {
 /// transaction and commits. There is no commit here, and none is possible.
 async fn create_order(
     axum::Extension(user): axum::Extension<UserId>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     Json(order): Json<NewOrder>,
 ) -> Result<impl IntoResponse, (StatusCode, String)> {
     let row = tx

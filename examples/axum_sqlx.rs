@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency::postgres::sqlx::{self, postgres::PgPoolOptions};
-use idempotency::{IdempotencyLayer, SqlxPostgresStore, SqlxTransaction, Tx};
+use idempotency::{IdempotencyLayer, SqlxPostgresStore, SqlxPostgresTransaction, Tx};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -58,7 +58,7 @@ struct NewOrder {
 /// and none is possible.
 async fn create_order(
     axum::Extension(user): axum::Extension<UserId>,
-    mut tx: Tx<SqlxTransaction>,
+    mut tx: Tx<SqlxPostgresTransaction>,
     Json(order): Json<NewOrder>,
 ) -> Result<impl IntoResponse, (StatusCode, String)> {
     let id: i64 =

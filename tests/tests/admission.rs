@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use idempotency_e2e::{User, request, send};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,7 @@ struct Shop {
 async fn order(
     State(shop): State<Shop>,
     headers: HeaderMap,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
 ) -> axum::response::Response {
     let s = &shop.schema;
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
 use idempotency::postgres::tokio_postgres::{self, NoTls};
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use idempotency_e2e::{User, request, send};
 use idempotency_testkit::TempPostgres;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ async fn synchronous_standby(admin: &tokio_postgres::Client, name: Option<&str>)
 /// committed), it makes every later commit wait for the missing standby, then writes its task.
 async fn create(
     State(admin): State<Arc<tokio_postgres::Client>>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     title: String,
 ) -> (StatusCode, &'static str) {
     synchronous_standby(&admin, Some("missing_standby")).await;

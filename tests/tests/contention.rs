@@ -14,7 +14,7 @@ use axum::routing::post;
 use axum::{Router, response::IntoResponse};
 use hyper::StatusCode;
 use idempotency::TableMode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, TransactionSlot, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, TransactionSlot, Tx};
 use idempotency_e2e::{User, request, send};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ async fn order(
     State(shop): State<Shop>,
     Extension(slot): Extension<TransactionSlot>,
     headers: HeaderMap,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
 ) -> axum::response::Response {
     let s = &shop.schema;
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();
@@ -154,7 +154,7 @@ async fn order_job(
     schema: String,
     key: String,
 ) -> Result<bool, idempotency::TransactionError> {
-    let tx = ctx.transaction::<PgTransaction>().await?;
+    let tx = ctx.transaction::<PostgresTransaction>().await?;
     let s = &schema;
     let run = |sql: String| {
         let tx = &tx;
@@ -415,7 +415,7 @@ enum Obstacle {
 async fn write_once(
     State(writer): State<Writer>,
     headers: HeaderMap,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
 ) -> axum::response::Response {
     let sql = format!(
         "INSERT INTO \"{}\".side_effects (body) VALUES ('x')",

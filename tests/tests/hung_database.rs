@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use idempotency_e2e::{User, request, send};
 use idempotency_testkit::TempPostgres;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ enum Fault {
     KeyTableLocked,
 }
 
-async fn create(State(()): State<()>, tx: Tx<PgTransaction>) -> StatusCode {
+async fn create(State(()): State<()>, tx: Tx<PostgresTransaction>) -> StatusCode {
     match tx
         .execute("INSERT INTO side_effects (body) VALUES ('x')", &[])
         .await

@@ -9,7 +9,7 @@ use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{IdempotencyLayer, PgTransaction, Profile, Tx};
+use idempotency::{IdempotencyLayer, PostgresTransaction, Profile, Tx};
 use idempotency_e2e::{User, migrated_postgres_store, request, send};
 use idempotency_testkit::TestSchema;
 use std::sync::Arc;
@@ -37,7 +37,7 @@ async fn app(profile: Profile, runs: Arc<AtomicUsize>) -> (Router, TestSchema) {
     let app = Router::new()
         .route(
             "/tasks",
-            post(move |tx: Tx<PgTransaction>| {
+            post(move |tx: Tx<PostgresTransaction>| {
                 let runs = runs.clone();
                 async move {
                     tx.execute("SELECT 1", &[]).await.unwrap();
@@ -108,7 +108,7 @@ async fn a_refused_transaction_is_not_stored_even_when_every_status_is() {
     let app = Router::new()
         .route(
             "/tasks",
-            post(move |_tx: Tx<PgTransaction>| {
+            post(move |_tx: Tx<PostgresTransaction>| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 async { StatusCode::CREATED }
             }),

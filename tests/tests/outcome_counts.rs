@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, Tx};
 use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::collections::HashMap;
@@ -26,7 +26,7 @@ struct Handler {
 async fn create(
     State(handler): State<Handler>,
     headers: HeaderMap,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
 ) -> StatusCode {
     let sql = format!("INSERT INTO {} (body) VALUES ('x')", handler.table);
     if tx.execute(&sql, &[]).await.is_err() {

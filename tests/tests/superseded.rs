@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -31,7 +31,7 @@ struct Handler {
 async fn create(
     State(handler): State<Handler>,
     headers: axum::http::HeaderMap,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     body: String,
 ) -> (StatusCode, String) {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", handler.side_effects);

@@ -18,7 +18,7 @@ use axum::extract::{Extension, State};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
 use idempotency::{TransactionSlot, TxRejection};
 use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::time::Duration;
@@ -38,7 +38,7 @@ struct Effects(String);
 /// Writes one side effect and unwraps the statement's result, as many handlers do.
 async fn create_unwrapping(
     State(effects): State<Effects>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     body: String,
 ) -> (StatusCode, String) {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);
@@ -49,7 +49,7 @@ async fn create_unwrapping(
 /// Writes one side effect and answers 500 when the statement fails.
 async fn create_checked(
     State(effects): State<Effects>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     body: String,
 ) -> Result<(StatusCode, String), StatusCode> {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);
@@ -62,8 +62,8 @@ async fn create_checked(
 /// Asks for the request's transaction twice through two extractors.
 async fn two_extractors(
     State(effects): State<Effects>,
-    tx: Tx<PgTransaction>,
-    _again: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
+    _again: Tx<PostgresTransaction>,
     body: String,
 ) -> StatusCode {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);
@@ -75,12 +75,12 @@ async fn two_extractors(
 async fn reopens(
     State(effects): State<Effects>,
     Extension(slot): Extension<TransactionSlot>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     body: String,
 ) -> axum::response::Response {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);
     let _ = tx.execute(&sql, &[&body]).await;
-    match slot.open::<PgTransaction>().await {
+    match slot.open::<PostgresTransaction>().await {
         Ok(_) => StatusCode::CREATED.into_response(),
         Err(error) => TxRejection(error).into_response(),
     }
@@ -91,7 +91,7 @@ async fn reopens(
 async fn create_then_wait(
     State(effects): State<Effects>,
     Extension(first): Extension<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     body: String,
 ) -> Result<(StatusCode, String), StatusCode> {
     let sql = format!("INSERT INTO {} (body) VALUES ($1)", effects.0);

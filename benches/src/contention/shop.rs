@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use idempotency::postgres::tokio_postgres;
 use idempotency::postgres::tokio_postgres::error::SqlState;
 use idempotency::{
-    ClaimMode, IdempotencyLayer, PgTransaction, PostgresStore, Scope, TransactionAdmission, Tx,
+    ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Scope, TransactionAdmission, Tx,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -75,7 +75,7 @@ fn try_again() -> Response {
 /// just before the failed statement would keep the locks that formed it). `Ok(Some(item))`: not
 /// enough of `item`.
 async fn take_stock(
-    tx: &Tx<PgTransaction>,
+    tx: &Tx<PostgresTransaction>,
     schema: &str,
     lines: &[(i32, i32)],
 ) -> Result<Option<i32>, tokio_postgres::Error> {
@@ -117,7 +117,7 @@ async fn take_stock(
 
 async fn create_order(
     State(shop): State<Shop>,
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     Json(order): Json<NewOrder>,
 ) -> Response {
     let s = &shop.schema;

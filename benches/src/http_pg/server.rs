@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use idempotency::postgres::deadpool_postgres::{Object, Pool};
 use idempotency::postgres::tokio_postgres;
-use idempotency::{IdempotencyLayer, PgTransaction, PostgresStore, Scope, TableMode, Tx};
+use idempotency::{IdempotencyLayer, PostgresTransaction, PostgresStore, Scope, TableMode, Tx};
 use std::net::SocketAddr;
 
 #[derive(Clone)]
@@ -201,7 +201,7 @@ async fn by_hand(
 }
 
 pub(super) async fn in_tx(
-    tx: Tx<PgTransaction>,
+    tx: Tx<PostgresTransaction>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {

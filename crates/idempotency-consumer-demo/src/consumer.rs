@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 use idempotency::postgres::tokio_postgres::types::Type;
 use idempotency::postgres::{PurgeJob, is_permanent_sqlstate};
 use idempotency::{
-    BoxError, ClaimMode, Engine, EngineConfig, OnceContext, OnceError, Outcome, PgTransaction,
+    BoxError, ClaimMode, Engine, EngineConfig, OnceContext, OnceError, Outcome, PostgresTransaction,
     PostgresStore,
 };
 use lapin::message::Delivery;
@@ -137,7 +137,7 @@ async fn create_task(
     if let Err(refusal) = task.check() {
         return Ok(Err(refusal));
     }
-    let tx = ctx.transaction::<PgTransaction>().await?;
+    let tx = ctx.transaction::<PostgresTransaction>().await?;
     let inserted = tx
         .query_typed_one(
             INSERT_TASK,

@@ -28,7 +28,7 @@
 //!         if let Err(refusal) = task.check() {
 //!             return Ok(Err(refusal)); // permanent: stored and replayed, never retried
 //!         }
-//!         let tx = ctx.transaction::<PgTransaction>().await?;
+//!         let tx = ctx.transaction::<PostgresTransaction>().await?;
 //!         let row = tx.query_one(INSERT_TASK, &[&task.user, &task.title, &message_id]).await?;
 //!         Ok(Ok(row.get::<_, i64>(0))) // commits with the stored result after we return
 //!     })

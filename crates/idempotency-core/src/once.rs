@@ -198,7 +198,7 @@ impl OnceContext {
     /// not transactional (nothing the work wrote can be taken back).
     ///
     /// ```ignore
-    /// let tx = ctx.transaction::<PgTransaction>().await?;
+    /// let tx = ctx.transaction::<PostgresTransaction>().await?;
     /// match tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&title]).await {
     ///     Ok(_) => Ok(Ok(())),
     ///     // A data or constraint error: the same input always fails. Record why, once.
@@ -220,7 +220,7 @@ impl OnceContext {
         }
     }
 
-    /// The store's transaction as its type `T` (`idempotency_postgres::PgTransaction`, say),
+    /// The store's transaction as its type `T` (`idempotency_postgres::PostgresTransaction`, say),
     /// opened on first use; the work's value is stored in it and it commits after the work
     /// returns. Drop it before the work returns. [`TransactionError::Unavailable`] when the
     /// store is not transactional.

@@ -33,7 +33,7 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use idempotency::{
-    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PgTransaction, PostgresStore, Scope,
+    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PostgresTransaction, PostgresStore, Scope,
     TableMode, Tx,
 };
 use serde::Deserialize;
@@ -391,7 +391,7 @@ struct TaskChange {
 async fn create_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
-    tx: Option<Tx<PgTransaction>>,
+    tx: Option<Tx<PostgresTransaction>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let new: NewTask = parse_json(&body)?;
@@ -425,7 +425,7 @@ async fn update_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
     Path(id): Path<String>,
-    tx: Option<Tx<PgTransaction>>,
+    tx: Option<Tx<PostgresTransaction>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let id = task_id(&id)?;
@@ -444,7 +444,7 @@ async fn delete_task(
     State(tasks): State<TaskStore>,
     Extension(user): Extension<UserId>,
     Path(id): Path<String>,
-    tx: Option<Tx<PgTransaction>>,
+    tx: Option<Tx<PostgresTransaction>>,
 ) -> Result<StatusCode, ApiError> {
     if tasks.delete(tx.as_deref(), user.0, task_id(&id)?).await? {
         Ok(StatusCode::NO_CONTENT)

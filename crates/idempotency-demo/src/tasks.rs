@@ -4,7 +4,7 @@
 //! task and the stored response commit together. Without one, a write goes to the task store on
 //! its own.
 
-use idempotency::PgTransaction;
+use idempotency::PostgresTransaction;
 use idempotency::postgres::deadpool_postgres::Pool;
 use idempotency::postgres::tokio_postgres::{self, Client, Row};
 use serde::Serialize;
@@ -162,7 +162,7 @@ impl TaskStore {
     /// Creates a task for `user`, in `tx` when given.
     pub async fn create(
         &self,
-        tx: Option<&PgTransaction>,
+        tx: Option<&PostgresTransaction>,
         user: Uuid,
         title: String,
     ) -> Result<Task, TaskStoreError> {
@@ -231,7 +231,7 @@ impl TaskStore {
     /// Changes the title and/or done flag of one of the user's tasks, in `tx` when given.
     pub async fn update(
         &self,
-        tx: Option<&PgTransaction>,
+        tx: Option<&PostgresTransaction>,
         user: Uuid,
         id: Uuid,
         title: Option<String>,
@@ -266,7 +266,7 @@ impl TaskStore {
     /// Deletes one of the user's tasks, in `tx` when given; false when there was none.
     pub async fn delete(
         &self,
-        tx: Option<&PgTransaction>,
+        tx: Option<&PostgresTransaction>,
         user: Uuid,
         id: Uuid,
     ) -> Result<bool, TaskStoreError> {

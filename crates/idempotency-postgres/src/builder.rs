@@ -4,19 +4,21 @@
 
 use crate::driver::Driver;
 use crate::error::PostgresStoreError;
-use crate::flavour::DefaultDriver;
+use crate::flavour::defaults_to_tokio_postgres;
 use crate::schema::TableMode;
 use crate::table::TableSettings;
 use std::fmt;
 
+defaults_to_tokio_postgres! {
 /// Builds a [`PostgresStore<D>`](crate::PostgresStore): `PostgresStore::builder(url)` (or
 /// `builder_from_pool`) for tokio-postgres, `PostgresStore::builder_from_sqlx_pool(pool)` for
 /// sqlx.
-pub struct PostgresStoreBuilder<D: Driver = DefaultDriver> {
+pub struct PostgresStoreBuilder<D: Driver> {
     pub(crate) table: TableSettings,
     pub(crate) transactions: bool,
     /// What only this driver takes.
     pub(crate) options: D::Options,
+}
 }
 
 impl<D: Driver> fmt::Debug for PostgresStoreBuilder<D> {
@@ -68,7 +70,7 @@ impl<D: Driver> PostgresStoreBuilder<D> {
     }
 
     /// Whether handlers are offered a transaction in which their writes commit together with
-    /// the stored response ([`PgTransaction`](crate::PgTransaction); default true). Off, every
+    /// the stored response ([`PostgresTransaction`](crate::PostgresTransaction); default true). Off, every
     /// request is completed on its own statement, as with the other stores.
     pub fn transactions(mut self, offer: bool) -> Self {
         self.transactions = offer;

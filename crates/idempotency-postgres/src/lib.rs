@@ -18,15 +18,18 @@
 //! `PostgresStore` = `PostgresStore<TokioPostgres>` (feature `tokio-postgres`, on by default),
 //! runs on tokio-postgres with its own deadpool pool, pipelined transactions and TLS (`tls`).
 //! With the `sqlx` feature, [`SqlxPostgresStore`] = `PostgresStore<Sqlx>` runs on an
-//! application's existing `sqlx::PgPool`, and handlers write in a [`SqlxTransaction`] =
-//! `PgTransaction<Sqlx>`; with default features off, an sqlx build compiles neither
-//! tokio-postgres nor deadpool. Both send the same SQL text through the same store operations,
+//! application's existing `sqlx::PgPool`, and handlers write in a [`SqlxPostgresTransaction`] =
+//! `PostgresTransaction<Sqlx>`; with default features off, an sqlx build compiles neither
+//! tokio-postgres nor deadpool. A name means one type in every build: a plain `PostgresStore`
+//! is always the tokio-postgres store (an sqlx-only build has no plain `PostgresStore`), so a
+//! crate elsewhere in the dependency graph that turns `tokio-postgres` on changes no code's
+//! meaning. Both send the same SQL text through the same store operations,
 //! apply the same migrations by the same code, refuse a standby and notice a lost table the same
 //! way; `docs/postgres.md` says how to choose.
 //!
 //! # Files, top-down
 //! - the store: `store.rs` (`PostgresStore<D>` and the store trait), `builder.rs` (the settings
-//!   both drivers share), `open_transaction.rs` (the handler's `PgTransaction<D>`: its writes
+//!   both drivers share), `open_transaction.rs` (the handler's `PostgresTransaction<D>`: its writes
 //!   and its response in one transaction, every claim mode; `open_transaction/one_transaction.rs`: the
 //!   one-transaction modes), `tokio_store.rs` and `sqlx_store.rs` (what one driver alone
 //!   offers: builders, its pool, the transaction's connection);
@@ -80,13 +83,13 @@ pub use driver::Driver;
 pub use error::PostgresStoreError;
 pub use migrate::{MigrationReport, PurgeJob};
 #[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
-pub use open_transaction::PgTransaction;
+pub use open_transaction::PostgresTransaction;
 pub use schema::{StatementsSql, TableMode};
 pub use sqlstate::is_permanent_sqlstate;
 #[cfg(feature = "sqlx")]
 pub use sqlx_driver::Sqlx;
 #[cfg(feature = "sqlx")]
-pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxTransaction};
+pub use sqlx_store::{SqlxPostgresStore, SqlxPostgresStoreBuilder, SqlxPostgresTransaction};
 pub use status::{PurgeRun, PurgeStatus, RecordTimes, StoreStatus, TableContents};
 #[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
 pub use store::PostgresStore;
@@ -95,6 +98,21 @@ pub use table::{DEFAULT_PURGE_SCHEDULE, DEFAULT_TABLE};
 pub use tokio_driver::connect_raw;
 #[cfg(feature = "tokio-postgres")]
 pub use tokio_driver::{SslMode, TokioPostgres};
+
+/// The former name of [`PostgresTransaction`] (sqlx has a `PgTransaction` of its own).
+#[cfg(feature = "tokio-postgres")]
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `PostgresTransaction` (sqlx has a `PgTransaction` of its own)"
+)]
+pub type PgTransaction = PostgresTransaction<TokioPostgres>;
+/// The former name of [`SqlxPostgresTransaction`].
+#[cfg(feature = "sqlx")]
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `SqlxPostgresTransaction`, after `SqlxPostgresStore`"
+)]
+pub type SqlxTransaction = SqlxPostgresTransaction;
 
 #[cfg(feature = "sqlx")]
 pub use sqlx;

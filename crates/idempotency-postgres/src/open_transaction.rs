@@ -1,12 +1,12 @@
 //! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
 //! check of the claim) or in the one-transaction modes (the key's lookup and lock:
 //! `open_transaction/one_transaction.rs`), and committing it with the stored response; the handler's
-//! [`PgTransaction<D>`](PgTransaction), and the store's `TransactionalStore`. Each driver's
+//! [`PostgresTransaction<D>`](PostgresTransaction), and the store's `TransactionalStore`. Each driver's
 //! `Deref` to its connection is in `tokio_store.rs` / `sqlx_store.rs`.
 
 use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows};
 use crate::error::BACKEND;
-use crate::flavour::DefaultDriver;
+use crate::flavour::defaults_to_tokio_postgres;
 use crate::primitives::StoreCore;
 use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
@@ -309,28 +309,29 @@ impl<D: Driver> StoreCore<D> {
     }
 }
 
+defaults_to_tokio_postgres! {
 /// A request's transaction on the store's pool, on the driver `D`: the handler's writes and its
 /// stored response commit together, or not at all.
 ///
-/// It derefs to the driver's connection inside the transaction (`PgTransaction`: deadpool's
-/// `ClientWrapper`, which derefs to `tokio_postgres::Client`; `SqlxTransaction` =
-/// `PgTransaction<Sqlx>`: `sqlx::PgConnection`), so a handler runs its statements on it, inside
+/// It derefs to the driver's connection inside the transaction (`PostgresTransaction`: deadpool's
+/// `ClientWrapper`, which derefs to `tokio_postgres::Client`; `SqlxPostgresTransaction` =
+/// `PostgresTransaction<Sqlx>`: `sqlx::PgConnection`), so a handler runs its statements on it, inside
 /// the transaction. It offers no way to commit: the layer commits after the handler returns,
 /// storing the response in the same transaction after checking that this request still holds
 /// its key. Do not run `COMMIT` or `ROLLBACK` yourself: the completion notices and stores
 /// nothing, and statements run after them are outside any transaction (`docs/failure-modes.md`).
 ///
-/// In an axum handler, take it as `idempotency::Tx<PgTransaction>` (feature `axum`); elsewhere,
+/// In an axum handler, take it as `idempotency::Tx<PostgresTransaction>` (feature `axum`); elsewhere,
 /// open it from the request's `TransactionSlot` extension:
 ///
 /// ```no_run
 /// # #[cfg(feature = "tokio-postgres")]
 /// # async fn handler(request: idempotency_core::http::Request<()>) -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency_core::TransactionSlot;
-/// use idempotency_postgres::PgTransaction;
+/// use idempotency_postgres::PostgresTransaction;
 ///
 /// let slot = request.extensions().get::<TransactionSlot>().ok_or("no idempotency transaction")?;
-/// let tx = slot.open::<PgTransaction>().await?;
+/// let tx = slot.open::<PostgresTransaction>().await?;
 /// tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&"Buy milk"]).await?;
 /// drop(tx); // before returning the response
 /// # Ok(()) }
@@ -343,11 +344,12 @@ impl<D: Driver> StoreCore<D> {
 /// repository. On sqlx it costs two more round
 /// trips per request: sqlx sends `BEGIN` and `COMMIT` on their own, where tokio-postgres
 /// pipelines them with the store's statements.
-pub struct PgTransaction<D: Driver = DefaultDriver>(pub(crate) OpenTransaction<D>);
+pub struct PostgresTransaction<D: Driver>(pub(crate) OpenTransaction<D>);
+}
 
-impl<D: Driver> fmt::Debug for PgTransaction<D> {
+impl<D: Driver> fmt::Debug for PostgresTransaction<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgTransaction")
+        f.debug_struct("PostgresTransaction")
             .field("driver", &std::any::type_name::<D>())
             .field("table", &self.0.table())
             .field("open", &self.0.is_open())
@@ -356,7 +358,7 @@ impl<D: Driver> fmt::Debug for PgTransaction<D> {
 }
 
 #[async_trait::async_trait]
-impl<D: Driver> StoreTransaction for PgTransaction<D> {
+impl<D: Driver> StoreTransaction for PostgresTransaction<D> {
     async fn complete_and_commit(
         mut self: Box<Self>,
         response: &StoredResponse,
@@ -403,7 +405,7 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
             .inner
             .begin_transaction(scope, key, token, hold)
             .await?;
-        Ok(open.map(|tx| Box::new(PgTransaction(tx)) as Box<dyn StoreTransaction>))
+        Ok(open.map(|tx| Box::new(PostgresTransaction(tx)) as Box<dyn StoreTransaction>))
     }
 
     fn supports_one_transaction(&self) -> bool {

@@ -1,10 +1,10 @@
 //! What only the sqlx store offers: its builder on an application's `sqlx::PgPool`, its pool,
-//! its migrations and status, and the handler's connection in a `SqlxTransaction`.
+//! its migrations and status, and the handler's connection in a `SqlxPostgresTransaction`.
 
 use crate::builder::PostgresStoreBuilder;
 use crate::error::PostgresStoreError;
 use crate::migrate::{MigrationReport, migrate_in};
-use crate::open_transaction::PgTransaction;
+use crate::open_transaction::PostgresTransaction;
 use crate::primitives::StoreCore;
 use crate::session::check_writer;
 use crate::sqlx_driver::{Sqlx, SqlxSession};
@@ -32,17 +32,17 @@ use std::sync::Arc;
 /// ```
 pub type SqlxPostgresStore = PostgresStore<Sqlx>;
 
-/// A request's `sqlx::Transaction` on the store's pool (see [`PgTransaction`]): a handler runs
-/// its queries with `.execute(&mut **tx)` (for `tx: Tx<SqlxTransaction>`), inside the
+/// A request's `sqlx::Transaction` on the store's pool (see [`PostgresTransaction`]): a handler runs
+/// its queries with `.execute(&mut **tx)` (for `tx: Tx<SqlxPostgresTransaction>`), inside the
 /// transaction.
 ///
 /// ```no_run
 /// # async fn handler(request: idempotency_core::http::Request<()>) -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency_core::TransactionSlot;
-/// use idempotency_postgres::{SqlxTransaction, sqlx};
+/// use idempotency_postgres::{SqlxPostgresTransaction, sqlx};
 ///
 /// let slot = request.extensions().get::<TransactionSlot>().ok_or("no idempotency transaction")?;
-/// let mut tx = slot.open::<SqlxTransaction>().await?;
+/// let mut tx = slot.open::<SqlxPostgresTransaction>().await?;
 /// sqlx::query("INSERT INTO orders (item) VALUES ($1)")
 ///     .bind("book")
 ///     .execute(&mut **tx)
@@ -50,7 +50,7 @@ pub type SqlxPostgresStore = PostgresStore<Sqlx>;
 /// drop(tx); // before returning the response
 /// # Ok(()) }
 /// ```
-pub type SqlxTransaction = PgTransaction<Sqlx>;
+pub type SqlxPostgresTransaction = PostgresTransaction<Sqlx>;
 
 /// Builds a [`SqlxPostgresStore`] on an existing [`sqlx::PgPool`].
 pub type SqlxPostgresStoreBuilder = PostgresStoreBuilder<Sqlx>;
@@ -136,7 +136,7 @@ impl PostgresStoreBuilder<Sqlx> {
 }
 
 /// The transaction's connection.
-impl Deref for PgTransaction<Sqlx> {
+impl Deref for PostgresTransaction<Sqlx> {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
@@ -144,7 +144,7 @@ impl Deref for PgTransaction<Sqlx> {
     }
 }
 
-impl DerefMut for PgTransaction<Sqlx> {
+impl DerefMut for PostgresTransaction<Sqlx> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         self.0.handle_mut()
     }

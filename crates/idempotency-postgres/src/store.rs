@@ -4,7 +4,7 @@
 
 use crate::driver::Driver;
 use crate::error::BACKEND;
-use crate::flavour::DefaultDriver;
+use crate::flavour::defaults_to_tokio_postgres;
 use crate::primitives::StoreCore;
 use crate::schema::{StatementsSql, TableMode};
 use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record, TransactionalStore};
@@ -15,6 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+defaults_to_tokio_postgres! {
 /// The PostgreSQL store: ADR 009's table on the driver `D`. Cheap to clone; clones share the
 /// pool.
 ///
@@ -25,8 +26,9 @@ use std::time::Duration;
 ///   `sqlx::PgPool`. Built with `PostgresStore::builder_from_sqlx_pool`.
 ///
 /// Both send the same SQL through the same code; `docs/postgres.md` says how to choose.
-pub struct PostgresStore<D: Driver = DefaultDriver> {
+pub struct PostgresStore<D: Driver> {
     pub(crate) inner: Arc<StoreCore<D>>,
+}
 }
 
 impl<D: Driver> Clone for PostgresStore<D> {

@@ -1,11 +1,11 @@
 //! What only the tokio-postgres store offers: its builders (a URL, or the application's
 //! deadpool pool, and pool settings), its pool, its migrations and status over a pooled
-//! connection, and the handler's connection in a [`PgTransaction`].
+//! connection, and the handler's connection in a [`PostgresTransaction`].
 
 use crate::builder::PostgresStoreBuilder;
 use crate::error::PostgresStoreError;
 use crate::migrate::{MigrationReport, migrate_in};
-use crate::open_transaction::PgTransaction;
+use crate::open_transaction::PostgresTransaction;
 use crate::primitives::StoreCore;
 use crate::status::{self, RecordTimes, StoreStatus};
 use crate::store::PostgresStore;
@@ -88,7 +88,9 @@ impl PostgresStoreBuilder<TokioPostgres> {
     /// cores, not by your request concurrency: about 2-4 connections per core, shared by any
     /// number of concurrent requests. On a 2-core server, 64 concurrent clients did best on 8
     /// connections and 0.71x as well on 64 (`docs/benchmarks.md`, "PostgreSQL with many
-    /// clients").
+    /// clients"). On hot rows the engine runs fewer request transactions than the pool
+    /// (`TransactionAdmission`, `docs/handlers.md` "Pool and lease under contention"), so the
+    /// default holds there too.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.options.pool_size = size.max(1);
         self
@@ -118,7 +120,7 @@ impl PostgresStoreBuilder<TokioPostgres> {
 
 /// The pooled connection inside the transaction: a handler runs `query`, `execute`,
 /// `prepare_cached` and the rest of [`tokio_postgres::Client`] on it, inside the transaction.
-impl Deref for PgTransaction<TokioPostgres> {
+impl Deref for PostgresTransaction<TokioPostgres> {
     type Target = ClientWrapper;
 
     fn deref(&self) -> &ClientWrapper {

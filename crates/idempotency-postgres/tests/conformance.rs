@@ -117,13 +117,13 @@ mod sqlx {
     }
 }
 
-/// The transactional cases on tokio-postgres (`PgTransaction`), in both claim modes, with an
+/// The transactional cases on tokio-postgres (`PostgresTransaction`), in both claim modes, with an
 /// UNLOGGED and a LOGGED key table. The side effects are rows of a `side_effects` table in the
 /// case's own schema, written through the request's transaction.
 mod transactional {
     use idempotency_conformance::transactional::TransactionalHarness;
     use idempotency_core::{BoxError, TransactionSlot};
-    use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
 
     struct Harness {
         store: PostgresStore,
@@ -154,7 +154,7 @@ mod transactional {
         }
 
         async fn write(&self, slot: &TransactionSlot, tag: &str) -> Result<(), BoxError> {
-            let tx = slot.open::<PgTransaction>().await?;
+            let tx = slot.open::<PostgresTransaction>().await?;
             let sql = format!("INSERT INTO {} (tag) VALUES ($1)", self.side_effects);
             tx.execute(&sql, &[&tag]).await?;
             Ok(())
@@ -191,13 +191,13 @@ mod transactional {
     }
 }
 
-/// The transactional cases on sqlx (`SqlxTransaction`), in both claim modes: the same logic
+/// The transactional cases on sqlx (`SqlxPostgresTransaction`), in both claim modes: the same logic
 /// as tokio-postgres's, over the other driver.
 #[cfg(feature = "sqlx")]
 mod sqlx_transactional {
     use idempotency_conformance::transactional::TransactionalHarness;
     use idempotency_core::{BoxError, TransactionSlot};
-    use idempotency_postgres::{SqlxPostgresStore, SqlxTransaction, TableMode};
+    use idempotency_postgres::{SqlxPostgresStore, SqlxPostgresTransaction, TableMode};
 
     struct Harness {
         store: SqlxPostgresStore,
@@ -226,7 +226,7 @@ mod sqlx_transactional {
         }
 
         async fn write(&self, slot: &TransactionSlot, tag: &str) -> Result<(), BoxError> {
-            let mut tx = slot.open::<SqlxTransaction>().await?;
+            let mut tx = slot.open::<SqlxPostgresTransaction>().await?;
             let sql = format!("INSERT INTO {} (tag) VALUES ($1)", self.side_effects);
             sqlx::query(&sql).bind(tag).execute(&mut **tx).await?;
             Ok(())

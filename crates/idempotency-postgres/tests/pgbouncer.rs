@@ -10,7 +10,7 @@ mod postgres {
         KeyFormat, Scope, StoredResponse,
     };
     use idempotency_postgres::tokio_postgres::types::Type;
-    use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
     use idempotency_testkit::env::postgres_url;
     use idempotency_testkit::{PoolMode, TempPgBouncer, TestSchema, drop_test_schema};
 
@@ -132,7 +132,7 @@ mod postgres {
                 let tx = guard
                     .transaction()
                     .expect("a transaction")
-                    .open::<PgTransaction>()
+                    .open::<PostgresTransaction>()
                     .await
                     .expect("open through PgBouncer");
                 tx.execute_typed(

@@ -1,5 +1,5 @@
 //! Transactional completion against the real server, in every table mode and on both drivers
-//! (tokio-postgres's `PgTransaction`, sqlx's `SqlxTransaction`): the handler's writes and the
+//! (tokio-postgres's `PostgresTransaction`, sqlx's `SqlxPostgresTransaction`): the handler's writes and the
 //! stored response commit together or not at all, whatever happens before the commit. Each test
 //! gets its own schema with a `side_effects` table standing in for business data; each case is
 //! written once, generic over the driver.
@@ -13,7 +13,7 @@ mod postgres {
         Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoredResponse,
         Superseded, TransactionError, TransactionSlot,
     };
-    use idempotency_postgres::{PgTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
     use idempotency_testkit::env::{postgres_url, server_unreachable};
     use std::time::Duration;
@@ -59,7 +59,7 @@ mod postgres {
 
     #[async_trait::async_trait]
     impl Driver for PostgresStore {
-        type Tx = PgTransaction;
+        type Tx = PostgresTransaction;
 
         async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self {
             PostgresStore::builder(url)
@@ -78,7 +78,7 @@ mod postgres {
 
         async fn try_write(slot: &TransactionSlot, sql: &str, key: &str) -> bool {
             let tx = slot
-                .open::<PgTransaction>()
+                .open::<PostgresTransaction>()
                 .await
                 .expect("open the transaction");
             tx.execute(sql, &[&key]).await.is_ok()
@@ -86,7 +86,7 @@ mod postgres {
 
         async fn raw(slot: &TransactionSlot, sql: &str) {
             let tx = slot
-                .open::<PgTransaction>()
+                .open::<PostgresTransaction>()
                 .await
                 .expect("open the transaction");
             tx.batch_execute(sql).await.expect("run in the transaction");
@@ -127,7 +127,7 @@ mod postgres {
     #[cfg(feature = "sqlx")]
     #[async_trait::async_trait]
     impl Driver for idempotency_postgres::SqlxPostgresStore {
-        type Tx = idempotency_postgres::SqlxTransaction;
+        type Tx = idempotency_postgres::SqlxPostgresTransaction;
 
         async fn build(url: &str, schema: &str, mode: TableMode, transactions: bool) -> Self {
             use idempotency_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -155,7 +155,7 @@ mod postgres {
 
         async fn try_write(slot: &TransactionSlot, sql: &str, key: &str) -> bool {
             let mut tx = slot
-                .open::<idempotency_postgres::SqlxTransaction>()
+                .open::<idempotency_postgres::SqlxPostgresTransaction>()
                 .await
                 .expect("open the transaction");
             idempotency_postgres::sqlx::query(sql)
@@ -167,7 +167,7 @@ mod postgres {
 
         async fn raw(slot: &TransactionSlot, sql: &str) {
             let mut tx = slot
-                .open::<idempotency_postgres::SqlxTransaction>()
+                .open::<idempotency_postgres::SqlxPostgresTransaction>()
                 .await
                 .expect("open the transaction");
             // `Executor::execute` on the connection: `raw_sql(..).execute(conn)` inside an
@@ -1023,12 +1023,12 @@ mod postgres {
         f.drop().await;
     }
 
-    /// On tokio-postgres and deadpool (`PgTransaction`).
+    /// On tokio-postgres and deadpool (`PostgresTransaction`).
     mod tokio_postgres_driver {
         transaction_cases!(idempotency_postgres::PostgresStore);
     }
 
-    /// On sqlx (`SqlxTransaction`).
+    /// On sqlx (`SqlxPostgresTransaction`).
     #[cfg(feature = "sqlx")]
     mod sqlx_driver {
         transaction_cases!(idempotency_postgres::SqlxPostgresStore);

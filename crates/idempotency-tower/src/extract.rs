@@ -14,10 +14,10 @@ use std::time::Duration;
 /// The request's idempotency transaction, as an axum extractor: the handler's writes in it and
 /// the response it returns commit together (see
 /// [`TransactionalStore`](idempotency_core::store::TransactionalStore)). `T` is the store's transaction
-/// type, `idempotency_postgres::PgTransaction` for PostgreSQL.
+/// type, `idempotency_postgres::PostgresTransaction` for PostgreSQL.
 ///
 /// ```ignore
-/// async fn create_task(tx: Tx<PgTransaction>, Json(task): Json<NewTask>) -> impl IntoResponse {
+/// async fn create_task(tx: Tx<PostgresTransaction>, Json(task): Json<NewTask>) -> impl IntoResponse {
 ///     tx.execute("INSERT INTO tasks (title) VALUES ($1)", &[&task.title]).await?;
 ///     (StatusCode::CREATED, "created") // stored and committed with the insert
 /// }

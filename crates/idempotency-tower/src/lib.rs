@@ -40,7 +40,7 @@
 //! transactional store (PostgreSQL) its
 //! [`TransactionSlot`](idempotency_core::TransactionSlot): writes made in it commit together with
 //! the stored response. With the `axum` feature, [`Claim`] (`Claim(claim): Claim`) and
-//! `Tx<PgTransaction>` are extractors.
+//! `Tx<PostgresTransaction>` are extractors.
 //!
 //! # Observability
 //! A `tracing` span `idempotency` per covered request with a hash of the scope and key (never

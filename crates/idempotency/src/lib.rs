@@ -58,9 +58,15 @@ pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, Re
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub use idempotency_postgres::{self as postgres, TableMode};
 #[cfg(feature = "postgres")]
-pub use idempotency_postgres::{PgTransaction, PostgresStore};
+pub use idempotency_postgres::{PostgresStore, PostgresTransaction};
 #[cfg(feature = "sqlx")]
-pub use idempotency_postgres::{SqlxPostgresStore, SqlxTransaction};
+pub use idempotency_postgres::{SqlxPostgresStore, SqlxPostgresTransaction};
+#[cfg(feature = "postgres")]
+#[allow(deprecated)]
+pub use idempotency_postgres::PgTransaction;
+#[cfg(feature = "sqlx")]
+#[allow(deprecated)]
+pub use idempotency_postgres::SqlxTransaction;
 #[cfg(feature = "redis")]
 pub use idempotency_redis::{self as redis, RedisStore};
 

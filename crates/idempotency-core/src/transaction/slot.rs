@@ -95,7 +95,7 @@ impl TransactionSlot {
     }
 
     /// The request's transaction as the store's transaction type `T` (for the PostgreSQL store,
-    /// `idempotency_postgres::PgTransaction`), opening it on first use. Holds it until the
+    /// `idempotency_postgres::PostgresTransaction`), opening it on first use. Holds it until the
     /// returned [`Transaction`] is dropped; drop it before the handler returns.
     ///
     /// [`TransactionError::InUse`] at once while another [`Transaction`] of this request is

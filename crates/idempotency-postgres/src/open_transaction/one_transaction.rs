@@ -2,7 +2,7 @@
 //! (waited for, or queued and settled later in the speculative mode), and the completed
 //! record inserted with `COMMIT`.
 
-use super::{OpenTransaction, PgTransaction, commit_error, idle_limit_ms};
+use super::{OpenTransaction, PostgresTransaction, commit_error, idle_limit_ms};
 use crate::driver::{
     DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
@@ -38,10 +38,10 @@ pub(crate) enum Begun<D: Driver> {
 }
 
 impl<D: Driver> Begun<D> {
-    /// As core's `OneTransactionBegin`, the transaction handed out as a [`PgTransaction`].
+    /// As core's `OneTransactionBegin`, the transaction handed out as a [`PostgresTransaction`].
     pub(crate) fn into_one_transaction_begin(self) -> OneTransactionBegin {
         match self {
-            Begun::Absent(tx) => OneTransactionBegin::Absent(Box::new(PgTransaction(tx))),
+            Begun::Absent(tx) => OneTransactionBegin::Absent(Box::new(PostgresTransaction(tx))),
             Begun::Existing(record) => OneTransactionBegin::Existing(record),
             Begun::Busy => OneTransactionBegin::Busy,
         }

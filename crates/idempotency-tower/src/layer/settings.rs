@@ -54,7 +54,7 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// How a request that proceeds holds its key (default [`ClaimMode::Lease`]).
     ///
     /// [`ClaimMode::OneTransaction`] puts the key's whole life in the handler's one database
-    /// transaction (the PostgreSQL store; the handler takes `Tx<PgTransaction>`): the round
+    /// transaction (the PostgreSQL store; the handler takes `Tx<PostgresTransaction>`): the round
     /// trips of a bare `BEGIN; ...; COMMIT`, nothing left behind by a crash. Use it only for
     /// routes whose handlers' side effects are **all** writes in that transaction: whatever a
     /// handler does outside it (an HTTP call, an email, a message) is not made once by it.
