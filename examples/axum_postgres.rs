@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency::postgres::tokio_postgres::types::Type;
-use idempotency::{IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
+use idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction, Tx};
 use serde::Deserialize;
 
 /// The caller's id, as an authentication layer would put it in the request.

@@ -101,6 +101,11 @@ fn main() -> std::process::ExitCode {
         }
         Command::HttpPg(args) => runtime.block_on(http_pg(args)),
         Command::ServePgTasks(args) => {
+            // `RUST_LOG=idempotency_core=debug` shows the admitted transactions' limit.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
             let Some(variant) = idempotency_bench::http_pg::PgVariant::parse(&args.variant) else {
                 eprintln!("serve-pg-tasks: unknown variant {}", args.variant);
                 return std::process::ExitCode::FAILURE;

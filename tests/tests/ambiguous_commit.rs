@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
 use idempotency::postgres::tokio_postgres::{self, NoTls};
-use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, Tx};
 use idempotency_e2e::{User, request, send};
 use idempotency_testkit::TempPostgres;
 use std::sync::Arc;

@@ -14,7 +14,9 @@ use axum::routing::post;
 use axum::{Router, response::IntoResponse};
 use hyper::StatusCode;
 use idempotency::TableMode;
-use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, TransactionSlot, Tx};
+use idempotency::{
+    ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, TransactionSlot, Tx,
+};
 use idempotency_e2e::{User, request, send};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -463,7 +465,9 @@ async fn write_once(
 /// 422 with that, after putting `obstacle` in the store's way. What its client gets, and how
 /// many rows stand once the first request finished.
 async fn refused_duplicate(obstacle: Obstacle) -> (StatusCode, axum::http::HeaderMap, String, i64) {
-    let (store, schema) = small_pool_store(2).await;
+    // A pool of 3: the engine admits two request transactions (the first request and its
+    // duplicate) and keeps a connection for lookups, which the `pool` obstacle takes.
+    let (store, schema) = small_pool_store(3).await;
     let client = store.pool().get().await.unwrap();
     let create = format!(
         "CREATE TABLE \"{}\".side_effects (body text NOT NULL)",

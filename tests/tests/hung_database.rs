@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, Tx};
 use idempotency_e2e::{User, request, send};
 use idempotency_testkit::TempPostgres;
 use std::time::{Duration, Instant};

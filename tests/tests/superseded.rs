@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, Tx};
 use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::sync::Arc;
 use tokio::sync::Semaphore;

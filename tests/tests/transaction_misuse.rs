@@ -18,7 +18,7 @@ use axum::extract::{Extension, State};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use hyper::StatusCode;
-use idempotency::{ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Tx};
+use idempotency::{ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, Tx};
 use idempotency::{TransactionSlot, TxRejection};
 use idempotency_e2e::{User, migrated_postgres_store_with_side_effects, request, send};
 use std::time::Duration;

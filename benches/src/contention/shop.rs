@@ -14,7 +14,8 @@ use axum::{Json, Router};
 use idempotency::postgres::tokio_postgres;
 use idempotency::postgres::tokio_postgres::error::SqlState;
 use idempotency::{
-    ClaimMode, IdempotencyLayer, PostgresTransaction, PostgresStore, Scope, TransactionAdmission, Tx,
+    ClaimMode, IdempotencyLayer, PostgresStore, PostgresTransaction, Scope, TransactionAdmission,
+    Tx,
 };
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use idempotency::postgres::deadpool_postgres::{Object, Pool};
 use idempotency::postgres::tokio_postgres;
-use idempotency::{IdempotencyLayer, PostgresTransaction, PostgresStore, Scope, TableMode, Tx};
+use idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction, Scope, TableMode, Tx};
 use std::net::SocketAddr;
 
 #[derive(Clone)]

@@ -6,8 +6,8 @@ use futures_util::StreamExt;
 use idempotency::postgres::tokio_postgres::types::Type;
 use idempotency::postgres::{PurgeJob, is_permanent_sqlstate};
 use idempotency::{
-    BoxError, ClaimMode, Engine, EngineConfig, OnceContext, OnceError, Outcome, PostgresTransaction,
-    PostgresStore,
+    BoxError, ClaimMode, Engine, EngineConfig, OnceContext, OnceError, Outcome, PostgresStore,
+    PostgresTransaction,
 };
 use lapin::message::Delivery;
 use lapin::options::{

@@ -33,8 +33,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use idempotency::{
-    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PostgresTransaction, PostgresStore, Scope,
-    TableMode, Tx,
+    ClaimMode, Drain, IdempotencyLayer, IdempotencyStore, PostgresStore, PostgresTransaction,
+    Scope, TableMode, Tx,
 };
 use serde::Deserialize;
 use std::sync::Arc;

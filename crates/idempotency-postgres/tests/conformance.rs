@@ -123,7 +123,7 @@ mod sqlx {
 mod transactional {
     use idempotency_conformance::transactional::TransactionalHarness;
     use idempotency_core::{BoxError, TransactionSlot};
-    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresStore, PostgresTransaction, TableMode};
 
     struct Harness {
         store: PostgresStore,

@@ -10,7 +10,7 @@ mod postgres {
         KeyFormat, Scope, StoredResponse,
     };
     use idempotency_postgres::tokio_postgres::types::Type;
-    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresStore, PostgresTransaction, TableMode};
     use idempotency_testkit::env::postgres_url;
     use idempotency_testkit::{PoolMode, TempPgBouncer, TestSchema, drop_test_schema};
 

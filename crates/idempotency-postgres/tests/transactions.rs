@@ -13,7 +13,7 @@ mod postgres {
         Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoredResponse,
         Superseded, TransactionError, TransactionSlot,
     };
-    use idempotency_postgres::{PostgresTransaction, PostgresStore, TableMode};
+    use idempotency_postgres::{PostgresStore, PostgresTransaction, TableMode};
     use idempotency_testkit::TestSchema;
     use idempotency_testkit::env::{postgres_url, server_unreachable};
     use std::time::Duration;

@@ -55,18 +55,18 @@ pub use idempotency_tower::{
 
 #[cfg(feature = "memory")]
 pub use idempotency_memory::{self as memory, MemoryStore, MemoryStoreBuilder, ReplayTier};
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
-pub use idempotency_postgres::{self as postgres, TableMode};
-#[cfg(feature = "postgres")]
-pub use idempotency_postgres::{PostgresStore, PostgresTransaction};
-#[cfg(feature = "sqlx")]
-pub use idempotency_postgres::{SqlxPostgresStore, SqlxPostgresTransaction};
 #[cfg(feature = "postgres")]
 #[allow(deprecated)]
 pub use idempotency_postgres::PgTransaction;
 #[cfg(feature = "sqlx")]
 #[allow(deprecated)]
 pub use idempotency_postgres::SqlxTransaction;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+pub use idempotency_postgres::{self as postgres, TableMode};
+#[cfg(feature = "postgres")]
+pub use idempotency_postgres::{PostgresStore, PostgresTransaction};
+#[cfg(feature = "sqlx")]
+pub use idempotency_postgres::{SqlxPostgresStore, SqlxPostgresTransaction};
 #[cfg(feature = "redis")]
 pub use idempotency_redis::{self as redis, RedisStore};
 

@@ -1,17 +1,20 @@
 //! How many request transactions run at once on a store whose transactions hold pooled
-//! connections: at most the pool, and fewer when the database is contended.
+//! connections: at most the pool, and fewer when fewer get more done.
 //!
 //! On hot rows, every transaction past a few only waits on the rows' locks (and deadlocks
 //! more often), holding a connection while it waits: under the contention bench of issue 45
-//! (`idempotency-bench contention`), two instances ran 350-590 orders/s on pools of 2 and 7-48
-//! on pools of 16, while without hot rows pools of 16 ran the most requests and pools of 2
-//! less than half as many. No fixed pool size does well at both, so the engine admits a number
-//! of transactions that follows the transactions' own times, as Netflix's gradient limiter
-//! does: the limit shrinks by the ratio of the shortest recent transaction (the time without
-//! waiting) to the average one, plus a small queue allowance. Without contention the times stay
-//! near the shortest and the limit grows to the pool; on hot rows, lock waits stretch the
-//! average and the limit falls toward two. A request that finds the limit reached waits for a
-//! place up to the store timeout (`503 store-busy` after), and a replay never takes one.
+//! (`idempotency-bench contention`), two instances ran 580-740 orders/s on pools of 1-2 and
+//! 24-75 on pools of 16, while without hot rows pools of 16 ran the most requests and pools of
+//! 2 less than half as many. No fixed pool size does well at both, and the transactions' times
+//! cannot tell them apart: a CPU-bound server stretches them as much as a lock queue does (a
+//! gradient limiter on them, tried first, held the uncontended HTTP bench at half its
+//! throughput). What tells them apart is what the transactions get done: past a few
+//! transactions at once, hot rows commit fewer, a busy server about as many. So the limit
+//! climbs the committed transactions per second: it measures a window at one limit, tries the
+//! next limit up and keeps it unless it commits clearly fewer, else tries the next one down and
+//! keeps it only if it commits clearly more; when neither moves it, it probes less and less
+//! often. A request that finds the limit reached waits for a place up to the store timeout
+//! (`503 store-busy` after), and a replay never takes one.
 
 use crate::monitoring::{ADMISSION_TIMEOUTS_METRIC, TRANSACTIONS_ADMITTED_METRIC};
 use std::sync::{Arc, Mutex};
@@ -21,92 +24,174 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// The fewest transactions admitted at once.
 pub(crate) const MIN_LIMIT: usize = 1;
 
-/// The limit a process starts with (at most the pool): without contention it reaches the pool
-/// within a few hundred transactions; started at the pool, hot rows cost seconds of deadlocks
-/// before it came down.
-const INITIAL_LIMIT: usize = 4;
+/// Connections of the pool kept out of the limit, one for each this many (at least one on a
+/// pool of two or more): the lookups that answer replays and in-flight duplicates without a
+/// place, and the lease mode's claims and completions, find a connection while the admitted
+/// transactions wait on hot rows.
+const RESERVED_ONE_PER: usize = 8;
 
-/// How much longer than the quickest recent transaction the average may take before the
-/// difference counts as waiting.
-const TOLERANCE: f64 = 1.5;
-
-/// How often the time without waiting is measured afresh (in limit updates), so it follows a
-/// database that became slower for good.
-const NOLOAD_REFRESH: u32 = 64;
-
-/// The limit's state: samples of the current window and the estimate of the time without
-/// waiting.
-#[derive(Debug)]
-struct Gradient {
-    limit: f64,
-    max: usize,
-    /// The shortest transaction seen since the last refresh: the time without waiting.
-    noload: Option<Duration>,
-    /// The shortest of the current window (the next refresh's value).
-    window_min: Option<Duration>,
-    window_sum: Duration,
-    window_len: u32,
-    updates: u32,
+/// The most transactions admitted at once on a pool of `pool` connections, and where the
+/// limit starts: a process starts at it, so a workload whose transactions are slow but do
+/// not wait on each other (a call to another service, a long insert) runs as many at once as
+/// the pool allows from the first request; hot rows bring it down in a few windows.
+pub(crate) fn most_admitted(pool: usize) -> usize {
+    if pool < 2 {
+        return pool.max(MIN_LIMIT);
+    }
+    pool - (pool / RESERVED_ONE_PER).max(1)
 }
 
-impl Gradient {
+/// A window ends after this many transactions ended, and at least [`MIN_WINDOW`]...
+const WINDOW_TRANSACTIONS: u32 = 48;
+const MIN_WINDOW: Duration = Duration::from_millis(200);
+/// ... or after this long, whatever ended (none: the window starts again, no decision).
+const MAX_WINDOW: Duration = Duration::from_secs(1);
+
+/// A limit up is kept unless it commits less than this share of the limit before (a tie
+/// goes up: more transactions at once cost nothing when they do not wait on each other).
+const KEEP_UP: f64 = 0.97;
+/// A limit down is kept only when it commits more than this many times the limit before.
+const KEEP_DOWN: f64 = 1.08;
+
+/// The most windows spent at a limit between two probes, once probing keeps finding nothing
+/// better.
+const MAX_REST: u32 = 16;
+
+/// A resting window that commits less than this share of the window before ends the rest:
+/// the load changed, so probing starts again at once.
+const CHANGED: f64 = 0.7;
+
+/// What the current window is measuring.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// The current limit, for `rest` more windows (the last one's rate is the next probe's
+    /// base), unless a window commits less than [`CHANGED`] of the one before (`last`, none
+    /// yet: 0).
+    Rest { rest: u32, last: f64 },
+    /// A limit `step` above `from`, whose rate was `base`.
+    Up { from: usize, base: f64, step: usize },
+    /// A limit `step` below `from`, whose rate was `base`.
+    Down { from: usize, base: f64, step: usize },
+}
+
+/// The limit's state: the current window and what it is measuring.
+#[derive(Debug)]
+struct Climb {
+    limit: usize,
+    max: usize,
+    phase: Phase,
+    /// Windows to rest after a probe cycle that moved nothing (doubles up to [`MAX_REST`]).
+    rest_after_cycle: u32,
+    window_start: Option<Instant>,
+    ended: u32,
+    committed: u32,
+}
+
+impl Climb {
     fn new(max: usize) -> Self {
-        Gradient {
-            limit: INITIAL_LIMIT.min(max) as f64,
+        Climb {
+            limit: max,
             max,
-            noload: None,
-            window_min: None,
-            window_sum: Duration::ZERO,
-            window_len: 0,
-            updates: 0,
+            phase: Phase::Rest { rest: 0, last: 0.0 },
+            rest_after_cycle: 1,
+            window_start: None,
+            ended: 0,
+            committed: 0,
         }
     }
 
-    /// Takes one transaction's time; once per window (about a limit's worth of samples),
-    /// moves the limit. The new limit, rounded, when it moved.
-    fn sample(&mut self, took: Duration) -> Option<usize> {
-        let took = took.max(Duration::from_micros(1));
-        self.window_min = Some(self.window_min.map_or(took, |m| m.min(took)));
-        self.noload = Some(self.noload.map_or(took, |m| m.min(took)));
-        self.window_sum += took;
-        self.window_len += 1;
-        // A window of about half a limit's transactions: on hot rows few end per second, and
-        // the limit must come down within seconds.
-        if (self.window_len as f64) < (self.limit / 2.0).max(4.0) {
+    /// The step of a probe up from `from`: a fifth of it, at least one.
+    fn first_step_up(from: usize) -> usize {
+        (from / 5).max(1)
+    }
+
+    /// The first step of a probe down from `from`: half of it; each probe down kept doubles
+    /// the next one. Hot rows collapse a large
+    /// limit's rate (the bench: a few orders/s at 14, hundreds at 1-2), and a window at a
+    /// large limit is long (few transactions end), so the way down is taken in big steps;
+    /// on a server without contention a window at half the limit costs little and is
+    /// reverted.
+    fn first_step_down(from: usize) -> usize {
+        (from / 2).max(1)
+    }
+
+    /// A transaction ended at `now` (`committed`: it got its work done). Once per window,
+    /// moves the limit; the new limit when it moved.
+    fn ended(&mut self, now: Instant, committed: bool) -> Option<usize> {
+        let start = *self.window_start.get_or_insert(now);
+        self.ended += 1;
+        self.committed += u32::from(committed);
+        let elapsed = now.saturating_duration_since(start);
+        if !((self.ended >= WINDOW_TRANSACTIONS && elapsed >= MIN_WINDOW) || elapsed >= MAX_WINDOW)
+        {
             return None;
         }
-        let average = self.window_sum / self.window_len;
-        let noload = self.noload.unwrap_or(average);
-        // How much of the average is waiting: 1 when none, toward 0 on hot rows. An average
-        // up to twice the quickest is taken for no waiting (transactions vary that much
-        // without any contention, and a limit that read it as queueing fell to half the pool).
-        let gradient = (TOLERANCE * noload.as_secs_f64() / average.as_secs_f64()).clamp(0.05, 1.0);
-        // What may queue beyond the transactions that do not wait: half the square root of the
-        // limit (one transaction of queue at a limit of four). A whole square root kept two
-        // transactions per process on hot rows, where one ran 1.5-2x the orders.
-        let queue = self.limit.sqrt() / 2.0;
-        let target = self.limit * gradient + queue;
-        // Smoothed: one window of noise moves the limit a fifth of the way up, and half of the
-        // way down (waiting transactions cost more than idle connections).
-        let before = self.permits();
-        let step = if target < self.limit { 0.5 } else { 0.2 };
-        self.limit =
-            ((1.0 - step) * self.limit + step * target).clamp(MIN_LIMIT as f64, self.max as f64);
-        self.updates += 1;
-        if self.updates.is_multiple_of(NOLOAD_REFRESH) {
-            self.noload = self.window_min;
+        let rate = f64::from(self.committed) / elapsed.as_secs_f64().max(1e-6);
+        let nothing = self.committed == 0;
+        self.window_start = Some(now);
+        self.ended = 0;
+        self.committed = 0;
+        if nothing {
+            // Nothing committed (a table lock, a database that stopped): no measure of anything.
+            return None;
         }
-        self.window_min = None;
-        self.window_sum = Duration::ZERO;
-        self.window_len = 0;
-        let after = self.permits();
-        (after != before).then_some(after)
+        let before = self.limit;
+        self.phase = match self.phase {
+            Phase::Rest { rest, last } if rest > 0 && rate >= last * CHANGED => Phase::Rest {
+                rest: rest - 1,
+                last: rate,
+            },
+            Phase::Rest { .. } => {
+                let from = self.limit;
+                self.probe_up(from, rate, Self::first_step_up(from))
+            }
+            Phase::Up { from, base, step } => {
+                if rate >= base * KEEP_UP {
+                    // Kept: on up, from here, by as much (up in steps, down in leaps: a
+                    // noisy rate that lets a probe up through is not taken far).
+                    self.rest_after_cycle = 1;
+                    self.probe_up(self.limit, rate, step)
+                } else {
+                    self.limit = from;
+                    self.probe_down(from, base, Self::first_step_down(from))
+                }
+            }
+            Phase::Down { from, base, step } => {
+                if rate > base * KEEP_DOWN {
+                    self.rest_after_cycle = 1;
+                    self.probe_down(self.limit, rate, step * 2)
+                } else {
+                    self.limit = from;
+                    self.settle(base)
+                }
+            }
+        };
+        (self.limit != before).then_some(self.limit)
     }
 
-    /// The transactions admitted at once: the limit rounded down, so a limit that hovers
-    /// between one and two (hot rows) admits one rather than flapping between them.
-    fn permits(&self) -> usize {
-        self.limit.floor() as usize
+    /// Tries the limit `step` above `from` (whose rate was `base`), or down from the top.
+    fn probe_up(&mut self, from: usize, base: f64, step: usize) -> Phase {
+        if from >= self.max {
+            return self.probe_down(from, base, Self::first_step_down(from));
+        }
+        self.limit = (from + step).min(self.max);
+        Phase::Up { from, base, step }
+    }
+
+    /// Tries the limit `step` below `from` (whose rate was `base`), or rests at the bottom.
+    fn probe_down(&mut self, from: usize, base: f64, step: usize) -> Phase {
+        if from <= MIN_LIMIT {
+            return self.settle(base);
+        }
+        self.limit = from.saturating_sub(step).max(MIN_LIMIT);
+        Phase::Down { from, base, step }
+    }
+
+    /// Neither way did better: rest at the limit (whose rate was `base`), longer each time.
+    fn settle(&mut self, base: f64) -> Phase {
+        let rest = self.rest_after_cycle;
+        self.rest_after_cycle = (rest * 2).min(MAX_REST);
+        Phase::Rest { rest, last: base }
     }
 }
 
@@ -122,22 +207,22 @@ pub(crate) struct Admission {
 
 #[derive(Debug)]
 struct AdmissionState {
-    gradient: Gradient,
+    climb: Climb,
     /// Permits handed out by the semaphore, counted against the limit: admitted transactions,
     /// plus permits to retire (the limit fell below what was out).
     issued: usize,
 }
 
 impl Admission {
-    /// At most `max` transactions at once (the pool of the store named `backend`).
+    /// At most [`most_admitted`] of a pool of `max` (the store named `backend`'s) at once.
     pub(crate) fn new(max: usize, backend: &'static str) -> Arc<Self> {
-        let gradient = Gradient::new(max.max(MIN_LIMIT));
-        let issued = gradient.permits();
+        let climb = Climb::new(most_admitted(max));
+        let issued = climb.limit;
         metrics::gauge!(TRANSACTIONS_ADMITTED_METRIC, "backend" => backend).set(issued as f64);
         metrics::counter!(ADMISSION_TIMEOUTS_METRIC, "backend" => backend).increment(0);
         Arc::new(Admission {
             permits: Arc::new(Semaphore::new(issued)),
-            state: Mutex::new(AdmissionState { gradient, issued }),
+            state: Mutex::new(AdmissionState { climb, issued }),
             backend,
         })
     }
@@ -146,7 +231,7 @@ impl Admission {
     pub(crate) fn limit(&self) -> usize {
         self.state
             .lock()
-            .map(|s| s.gradient.permits())
+            .map(|s| s.climb.limit)
             .unwrap_or(MIN_LIMIT)
     }
 
@@ -174,17 +259,17 @@ impl Admission {
         Admitted {
             admission: Arc::clone(self),
             permit: Some(permit),
-            since: Instant::now(),
+            committed: false,
         }
     }
 
-    /// A transaction ended after `took`: the limit follows, and its permit goes back (or is
-    /// retired when the limit fell).
-    fn release(&self, permit: OwnedSemaphorePermit, took: Duration) {
+    /// A transaction ended (`committed`: with its work done): the limit follows, and its
+    /// permit goes back (or is retired when the limit fell).
+    fn release(&self, permit: OwnedSemaphorePermit, committed: bool) {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        if let Some(limit) = state.gradient.sample(took) {
+        if let Some(limit) = state.climb.ended(Instant::now(), committed) {
             tracing::debug!(limit, "request transactions admitted at once");
             metrics::gauge!(TRANSACTIONS_ADMITTED_METRIC, "backend" => self.backend)
                 .set(limit as f64);
@@ -194,7 +279,7 @@ impl Admission {
                 state.issued = limit;
             }
         }
-        let limit = state.gradient.permits();
+        let limit = state.climb.limit;
         if state.issued > limit {
             state.issued -= 1;
             permit.forget();
@@ -207,19 +292,26 @@ impl Admission {
 /// transaction.
 pub(crate) type Place = Arc<Mutex<Option<Admitted>>>;
 
-/// A transaction's place among those admitted at once; given back when dropped, with the
-/// transaction's time.
+/// A transaction's place among those admitted at once; given back when dropped, counted as
+/// work done when marked [`committed`](Admitted::committed) first.
 #[derive(Debug)]
 pub(crate) struct Admitted {
     admission: Arc<Admission>,
     permit: Option<OwnedSemaphorePermit>,
-    since: Instant,
+    committed: bool,
+}
+
+impl Admitted {
+    /// The transaction committed its work (or stored its refusal).
+    pub(crate) fn committed(&mut self) {
+        self.committed = true;
+    }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            self.admission.release(permit, self.since.elapsed());
+            self.admission.release(permit, self.committed);
         }
     }
 }
@@ -228,60 +320,114 @@ impl Drop for Admitted {
 mod tests {
     use super::*;
 
-    /// The limit after many transactions whose times `took(limit, i)` gives.
-    fn settle(gradient: &mut Gradient, took: impl Fn(usize, usize) -> Duration) -> usize {
-        for i in 0..20_000 {
-            let limit = gradient.permits();
-            gradient.sample(took(limit, i));
-        }
-        gradient.permits()
-    }
-
-    #[test]
-    fn without_waiting_the_limit_stays_at_the_pool() {
-        let mut gradient = Gradient::new(16);
-        let limit = settle(&mut gradient, |_, i| {
-            Duration::from_micros(1_000 + (i % 7) as u64 * 200)
-        });
-        assert_eq!(limit, 16);
-    }
-
-    #[test]
-    fn lock_waits_bring_the_limit_down_to_one_or_two() {
-        // A transaction that meets no other on the hot rows takes 2 ms; the others wait 20 ms
-        // for each one beside them.
-        let mut gradient = Gradient::new(16);
-        let limit = settle(&mut gradient, |limit, i| {
-            let waits = if i % limit == 0 { 0 } else { limit as u64 - 1 };
-            Duration::from_millis(2 + 20 * waits)
-        });
-        assert!(limit <= 2, "{limit}");
-    }
-
-    #[test]
-    fn a_saturated_server_keeps_more_than_its_cores() {
-        // Four cores: past four at once, the average time grows with the queue; the quickest
-        // transactions still take the time without waiting.
-        let mut gradient = Gradient::new(16);
-        let limit = settle(&mut gradient, |limit, i| {
-            if i % 8 == 0 {
-                Duration::from_millis(2)
-            } else {
-                Duration::from_micros(2_000 * (limit.max(4) as u64) / 4)
+    /// Runs `climb` from `start` for `seconds` of transactions committed at `rate(limit)` per
+    /// second (each one's end spaced evenly), with `noise` (0.1: up to ±10%, from a fixed
+    /// sequence) on each one's spacing. The simulated time at the end, and the limit's mean
+    /// over the run's second half (weighted by time: what the probes cost is in it).
+    fn run(
+        climb: &mut Climb,
+        start: Instant,
+        seconds: f64,
+        noise: f64,
+        rate: impl Fn(usize) -> f64,
+    ) -> (Instant, f64) {
+        let mut now = start;
+        let mut i: u64 = 0;
+        let (mut weighted, mut weight) = (0.0, 0.0);
+        while now.duration_since(start).as_secs_f64() < seconds {
+            i += 1;
+            // A cheap deterministic jitter in [-1, 1].
+            let jitter = ((i.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+            let r = rate(climb.limit) * (1.0 + noise * jitter);
+            let step = 1.0 / r.max(1e-3);
+            if now.duration_since(start).as_secs_f64() >= seconds / 2.0 {
+                weighted += climb.limit as f64 * step;
+                weight += step;
             }
-        });
-        assert!((5..=12).contains(&limit), "{limit}");
+            now += Duration::from_secs_f64(step);
+            climb.ended(now, true);
+        }
+        (now, weighted / weight.max(1e-9))
+    }
+
+    /// The limit's mean over the second half of `seconds` on a pool of `max` (see [`run`]).
+    fn mean_limit(max: usize, seconds: f64, noise: f64, rate: impl Fn(usize) -> f64) -> f64 {
+        run(&mut Climb::new(max), Instant::now(), seconds, noise, rate).1
+    }
+
+    #[test]
+    fn a_busy_server_without_contention_keeps_the_pool() {
+        // A CPU-bound server: more at once commits a little more up to 8, then the same.
+        let mean = mean_limit(16, 20.0, 0.05, |l| 3_000.0 + 150.0 * l.min(8) as f64);
+        assert!(mean >= 14.0, "{mean}");
+    }
+
+    #[test]
+    fn slow_transactions_that_do_not_wait_on_each_other_keep_the_pool() {
+        // 200 ms each (a call to another service): what commits grows with the limit, so
+        // every window at a lower limit is throughput lost.
+        let mean = mean_limit(14, 120.0, 0.05, |l| l as f64 * 5.0);
+        assert!(mean >= 13.0, "{mean}");
+    }
+
+    #[test]
+    fn flat_throughput_does_not_bring_the_limit_down() {
+        let mean = mean_limit(16, 20.0, 0.05, |_| 4_000.0);
+        assert!(mean >= 14.0, "{mean}");
+    }
+
+    #[test]
+    fn hot_rows_bring_the_limit_down_to_one_or_two() {
+        // The contention bench's shape: each transaction more at once commits far fewer.
+        let mean = mean_limit(14, 20.0, 0.1, |l| 700.0 / (l as f64).powf(1.2));
+        assert!(mean <= 2.0, "{mean}");
+    }
+
+    #[test]
+    fn a_load_that_changes_is_followed() {
+        let mut climb = Climb::new(16);
+        let hot = |l: usize| 700.0 / (l as f64).powf(1.2);
+        let (now, mean) = run(&mut climb, Instant::now(), 10.0, 0.05, hot);
+        assert!(mean <= 2.5, "{mean}");
+        // The hot rows cool down: it climbs back.
+        let (now, mean) = run(&mut climb, now, 10.0, 0.05, |l| 2_000.0 + 200.0 * l as f64);
+        assert!(mean >= 13.0, "{mean}");
+        // And they come back.
+        let (_, mean) = run(&mut climb, now, 20.0, 0.05, hot);
+        assert!(mean <= 2.5, "{mean}");
+    }
+
+    #[test]
+    fn nothing_committed_moves_nothing() {
+        let mut climb = Climb::new(16);
+        let start = Instant::now();
+        for i in 1..=1_000u64 {
+            let moved = climb.ended(start + Duration::from_millis(10 * i), false);
+            assert_eq!(moved, None);
+        }
+        assert_eq!(climb.limit, 16);
+    }
+
+    #[test]
+    fn lookups_keep_a_connection_of_their_own() {
+        assert_eq!(most_admitted(0), 1);
+        assert_eq!(most_admitted(1), 1);
+        assert_eq!(most_admitted(2), 1);
+        assert_eq!(most_admitted(4), 3);
+        assert_eq!(most_admitted(16), 14);
+        assert_eq!(most_admitted(64), 56);
     }
 
     #[tokio::test]
     async fn a_lower_limit_retires_permits_as_they_come_back() {
-        let admission = Admission::new(4, "test");
+        // A pool of 5: 4 admitted, one connection kept for lookups.
+        let admission = Admission::new(5, "test");
         let held: Vec<_> = (0..4).map(|_| admission.try_admit()).collect();
         assert!(held.iter().all(Option::is_some));
         assert!(admission.try_admit().is_none());
         {
             let mut state = admission.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.gradient.limit = 2.0;
+            state.climb.limit = 2;
         }
         drop(held);
         assert_eq!(admission.permits.available_permits(), 2);

@@ -173,14 +173,14 @@ pub struct EngineConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TransactionAdmission {
-    /// At most the pool, fewer when the transactions' times show them waiting on each other
-    /// (hot rows): the limit follows the ratio of the quickest recent transaction to the
-    /// average one, between 1 and the pool. Under the contention bench (two instances, five
-    /// hot rows locked in opposite orders, SDK-like retries) the default pool ran 0.6-0.7x of
-    /// the best fixed pool this way, where the pool alone ran 0.03-0.08x of it; without hot
-    /// rows the limit grows to the pool (`docs/benchmarks.md`, "Under contention"). A request
+    /// At most the pool less a connection kept for lookups (one per eight), fewer when fewer
+    /// commit more: the limit starts there and climbs the committed transactions per second,
+    /// window by window (a probe down is kept only when it commits clearly more, a probe up
+    /// unless it commits less), so transactions that are slow but do not wait on each other
+    /// keep the pool, and hot rows bring it down to the one or two that do not wait. A request
     /// that finds no place waits for one up to the store timeout, then gets
-    /// [`StoreError::Busy`](crate::StoreError::Busy) (`503 store-busy`).
+    /// [`StoreError::Busy`](crate::StoreError::Busy) (`503 store-busy`); a replay or a
+    /// duplicate never needs one. Measured in `docs/benchmarks.md`, "Under contention".
     #[default]
     Adaptive,
     /// As many as the pool has connections: the pool's own queue is the only limit.

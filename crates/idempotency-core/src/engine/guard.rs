@@ -163,10 +163,18 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self
     }
 
-    /// The request's transaction ended: its place goes to the next.
-    fn transaction_ended(&self) {
-        if let Some(Ok(mut admitted)) = self.admitted.as_ref().map(|place| place.lock()) {
-            admitted.take();
+    /// The request's transaction ended (`committed`: with its work, or its refusal, stored):
+    /// its place goes to the next.
+    fn transaction_ended(&self, committed: bool) {
+        let Some(Ok(mut admitted)) = self.admitted.as_ref().map(|place| place.lock()) else {
+            return;
+        };
+        // Taken out (and dropped here, which gives it back) whether or not it committed.
+        let place = admitted.take();
+        if let Some(mut place) = place
+            && committed
+        {
+            place.committed();
         }
     }
 

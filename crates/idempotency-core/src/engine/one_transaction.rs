@@ -5,7 +5,7 @@ use super::admission::Admitted;
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
 use crate::store::StoreOp;
-use crate::store::{OneTransactionBegin, Settled, StoreTransaction};
+use crate::store::{OneTransactionBegin, Record};
 use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +52,23 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative
             && shared.config.in_flight_wait.is_zero();
         loop {
+            // Its place among the transactions admitted at once, before any connection is
+            // taken; without a free one, a stored answer is read first (it needs none).
+            let place = match self.place_for(&scope, &key).await {
+                Ok(Placement::Place(place)) => place,
+                Ok(Placement::Stored(record)) => match judge(record, &fingerprint) {
+                    Judged::Mismatch => return Ok(Begin::Mismatch),
+                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
+                    // A lease-mode claim of another instance: wait for it as below.
+                    Judged::Running(_) => None,
+                },
+                Err(error) => {
+                    return match seen_running {
+                        Some(retry_after) => Ok(Begin::InFlight { retry_after }),
+                        None => Err(error),
+                    };
+                }
+            };
             let token = LeaseToken::new();
             // The request's transaction may sit idle for one lease at most: a frozen or cut-off
             // process holds the key no longer than a lease-mode claim would.
@@ -75,18 +92,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     }
                 })
                 .await;
-            let begun = match begun {
-                Ok(OneTransactionBegin::Absent(tx)) => {
-                    self.take_place(tx, &scope, &key, &fingerprint, token, speculative)
-                        .await
-                }
-                other => other.map(|begun| (begun, None)),
-            };
             let running = match begun {
-                Ok((OneTransactionBegin::Absent(tx), place)) => {
+                Ok(OneTransactionBegin::Absent(tx)) => {
                     let lease = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
-                    // Settled already when it had to wait for its place.
-                    let speculative = speculative && tx.lookup_signal().is_some();
                     let guard = Guard::in_transaction(
                         Arc::clone(shared),
                         lease,
@@ -100,13 +108,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     };
                     return self.admitted(guard).await;
                 }
-                Ok((OneTransactionBegin::Existing(record), _)) => match judge(record, &fingerprint)
-                {
+                Ok(OneTransactionBegin::Existing(record)) => match judge(record, &fingerprint) {
                     Judged::Mismatch => return Ok(Begin::Mismatch),
                     Judged::Replay(response) => return Ok(Begin::Replay(response)),
                     Judged::Running(lease_remaining) => lease_remaining,
                 },
-                Ok((OneTransactionBegin::Busy, _)) => TRANSACTION_RETRY_AFTER,
+                Ok(OneTransactionBegin::Busy) => TRANSACTION_RETRY_AFTER,
                 Err(error) => {
                     return match seen_running {
                         // Something already showed that another request holds the key.
@@ -128,40 +135,29 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         }
     }
 
-    /// A place among the request transactions admitted at once for the transaction `tx` that
-    /// found the key free ([`TransactionAdmission`](crate::TransactionAdmission)): at once when
-    /// one is free. Otherwise the request waits for one holding no connection (a waiter that
-    /// held one could hold the connection a running transaction needs next): a speculative
-    /// transaction's lookup is read first (a replay or a duplicate needs no place), `tx` rolls
-    /// back, and once a place is free the key is looked up again in a new transaction. `None`
-    /// as the place when the store has no admission.
-    async fn take_place(
+    /// A place among the request transactions admitted at once
+    /// ([`TransactionAdmission`](crate::TransactionAdmission)), taken before the request's
+    /// transaction takes a connection: at once when one is free. Otherwise the key's stored
+    /// record, if it has one, is read first (one statement, no transaction: a replay never
+    /// waits behind the writers), and the request waits for a place holding no connection up
+    /// to the store timeout. `Place(None)` when the store has no admission.
+    async fn place_for(
         &self,
-        mut tx: Box<dyn StoreTransaction>,
         scope: &Scope,
         key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        speculative: bool,
-    ) -> Result<(OneTransactionBegin, Option<Admitted>), StoreError> {
+    ) -> Result<Placement, StoreError> {
         let shared = &self.shared;
         let Some(admission) = &shared.admission else {
-            return Ok((OneTransactionBegin::Absent(tx), None));
+            return Ok(Placement::Place(None));
         };
         if let Some(place) = admission.try_admit() {
-            return Ok((OneTransactionBegin::Absent(tx), Some(place)));
+            return Ok(Placement::Place(Some(place)));
         }
-        if speculative {
-            match shared.call(StoreOp::Settle, tx.settle()).await? {
-                Settled::Proceed => {}
-                Settled::Existing(record) => {
-                    return Ok((OneTransactionBegin::Existing(record), None));
-                }
-                Settled::Busy => return Ok((OneTransactionBegin::Busy, None)),
-            }
-        }
-        if let Err(error) = shared.call(StoreOp::Rollback, tx.rollback()).await {
-            tracing::debug!(error = %crate::ErrorChain(&error), "could not roll back a transaction waiting for its place; it ends with its connection");
+        if let Some(record) = shared
+            .call(StoreOp::Get, shared.store.get(scope, key))
+            .await?
+        {
+            return Ok(Placement::Stored(record));
         }
         let waited = shared.config.store_timeout;
         let Some(place) = admission.admit(waited).await else {
@@ -178,20 +174,14 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 waited,
             });
         };
-        let hold = shared.config.lease;
-        let store = shared.store.transactional().ok_or_else(|| {
-            StoreError::from_failure(
-                shared.store.backend(),
-                false,
-                "the store lost its transactions",
-            )
-        })?;
-        let begun = shared
-            .call(
-                StoreOp::BeginTransaction,
-                store.begin_one_transaction(scope, key, fingerprint, token, hold),
-            )
-            .await?;
-        Ok((begun, Some(place)))
+        Ok(Placement::Place(Some(place)))
     }
+}
+
+/// Where a request stands before its transaction begins.
+enum Placement {
+    /// It may begin, in this place (none: the store has no admission).
+    Place(Option<Admitted>),
+    /// No place was free, and the key has a record: answered from it.
+    Stored(Record),
 }

@@ -82,7 +82,10 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tx.complete_and_commit(&response, shared.config.retention),
             )
             .await;
-        self.transaction_ended();
+        self.transaction_ended(matches!(
+            committed,
+            Ok(CommitOutcome::Committed | CommitOutcome::CommittedByHandler)
+        ));
         match committed {
             Ok(CommitOutcome::Committed) => Completion::Stored,
             Ok(CommitOutcome::Superseded(record)) => {
@@ -185,7 +188,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 tx.discard_writes_and_store(&response, shared.config.retention),
             )
             .await;
-        self.transaction_ended();
+        self.transaction_ended(matches!(discarded, Ok(DiscardOutcome::Stored)));
         match discarded {
             Ok(DiscardOutcome::Stored) => Completion::Stored,
             Ok(DiscardOutcome::Superseded(record)) => {
@@ -316,7 +319,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     pub(super) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
         let rolled_back = self.shared.call(StoreOp::Rollback, tx.rollback()).await;
-        self.transaction_ended();
+        self.transaction_ended(false);
         if let Err(error) = rolled_back {
             // The transaction cannot commit any more: a failed rollback ends with its
             // connection, and the server rolls it back.
