@@ -153,6 +153,16 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         if let Some(place) = admission.try_admit() {
             return Ok(Placement::Place(Some(place)));
         }
+        // Without contention a place comes free about as soon as the pool's queue would have
+        // given a connection, and a lookup would be a round trip the bare handler does not
+        // make: the request waits a moment for one first.
+        if !admission.contended()
+            && let Some(place) = admission.admit_quietly(QUIET_WAIT).await
+        {
+            return Ok(Placement::Place(Some(place)));
+        }
+        // Places are scarce: the transactions wait on each other (or on a lock from outside).
+        // A replay must not queue behind them, so the key is looked up first.
         if let Some(record) = shared
             .call(StoreOp::Get, shared.store.get(scope, key))
             .await?
@@ -177,6 +187,11 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         Ok(Placement::Place(Some(place)))
     }
 }
+
+/// How long a request waits for a place before it looks its key up, while the admission is
+/// not contended: longer than a place takes to come free on a busy server without hot rows
+/// (32 clients on 14 places here: a few milliseconds), short beside a replay's budget.
+const QUIET_WAIT: Duration = Duration::from_millis(25);
 
 /// Where a request stands before its transaction begins.
 enum Placement {
