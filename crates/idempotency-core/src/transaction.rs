@@ -49,8 +49,10 @@ pub trait TransactionalStore: Send + Sync {
     }
 
     /// The one-transaction mode: begins a transaction, takes a transaction-scoped lock on
-    /// `(scope, key)` **without waiting**, marks the transaction with `token`, and reads the
-    /// key's live record, all in one round trip. Nothing is written.
+    /// `(scope, key)` **without waiting**, and reads the key's live record, all in one round
+    /// trip; `token` names this request's hold on the key (a store may keep it beside the
+    /// transaction; the PostgreSQL store identifies the transaction by its start time and
+    /// writes no setting, which would cost every commit). Nothing is written.
     ///
     /// The transaction holds the key for as long as it is open, so the store must end it from
     /// the database's side when its process stops answering (a frozen VM, a stop-the-world, a

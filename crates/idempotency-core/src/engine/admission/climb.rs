@@ -1,0 +1,256 @@
+//! Where the admission's limit goes: it climbs the committed transactions per second, window
+//! by window (`admission.rs` holds the places it limits).
+
+use super::MIN_LIMIT;
+use std::time::{Duration, Instant};
+
+/// A window ends after this many transactions ended, and at least [`MIN_WINDOW`]...
+const WINDOW_TRANSACTIONS: u32 = 48;
+const MIN_WINDOW: Duration = Duration::from_millis(200);
+/// ... or after this long, whatever ended (none: the window starts again, no decision).
+const MAX_WINDOW: Duration = Duration::from_secs(1);
+
+/// A limit up is kept only when it commits more than this many times the limit before: on
+/// hot rows a tie kept by noise walked the limit back up from 1-2 to 9 within seconds (two
+/// instances, each probing); below the pool, transactions that do not wait on each other
+/// commit clearly more with each one more at once, and the process started at the pool.
+const KEEP_UP: f64 = 1.03;
+/// A limit down is kept only when it commits more than this many times the limit before: hot
+/// rows give far more (the bench: 2-4x for half the limit), and a window's noise on a shared
+/// machine reaches 10-15%, which must not take a server without contention down.
+const KEEP_DOWN: f64 = 1.2;
+
+/// The most windows spent at a limit between two probes, once probing keeps finding nothing
+/// better.
+const MAX_REST: u32 = 16;
+
+/// A resting window that commits less than this share of the window before ends the rest:
+/// the load changed, so probing starts again at once.
+const CHANGED: f64 = 0.7;
+
+/// What the current window is measuring.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// The current limit, for `rest` more windows (the last one's rate is the next probe's
+    /// base), unless a window commits less than [`CHANGED`] of the one before (`last`, none
+    /// yet: 0).
+    Rest { rest: u32, last: f64 },
+    /// A limit `step` above `from`, whose rate was `base`.
+    Up { from: usize, base: f64, step: usize },
+    /// A limit `step` below `from`, whose rate was `base`.
+    Down { from: usize, base: f64, step: usize },
+}
+
+/// The limit's state: the current window and what it is measuring.
+#[derive(Debug)]
+pub(super) struct Climb {
+    pub(super) limit: usize,
+    pub(super) max: usize,
+    phase: Phase,
+    /// Windows to rest after a probe cycle that moved nothing (doubles up to [`MAX_REST`]).
+    rest_after_cycle: u32,
+    window_start: Option<Instant>,
+    ended: u32,
+    committed: u32,
+}
+
+impl Climb {
+    pub(super) fn new(max: usize) -> Self {
+        Climb {
+            limit: max,
+            max,
+            phase: Phase::Rest { rest: 0, last: 0.0 },
+            rest_after_cycle: 1,
+            window_start: None,
+            ended: 0,
+            committed: 0,
+        }
+    }
+
+    /// The step of a probe up from `from`: a fifth of it, at least one.
+    fn first_step_up(from: usize) -> usize {
+        (from / 5).max(1)
+    }
+
+    /// The first step of a probe down from `from`: half of it; each probe down kept doubles
+    /// the next one. Hot rows collapse a large
+    /// limit's rate (the bench: a few orders/s at 14, hundreds at 1-2), and a window at a
+    /// large limit is long (few transactions end), so the way down is taken in big steps;
+    /// on a server without contention a window at half the limit costs little and is
+    /// reverted.
+    fn first_step_down(from: usize) -> usize {
+        (from / 2).max(1)
+    }
+
+    /// A transaction ended at `now` (`committed`: it got its work done). Once per window,
+    /// moves the limit; the new limit when it moved.
+    pub(super) fn ended(&mut self, now: Instant, committed: bool) -> Option<usize> {
+        let start = *self.window_start.get_or_insert(now);
+        self.ended += 1;
+        self.committed += u32::from(committed);
+        let elapsed = now.saturating_duration_since(start);
+        if !((self.ended >= WINDOW_TRANSACTIONS && elapsed >= MIN_WINDOW) || elapsed >= MAX_WINDOW)
+        {
+            return None;
+        }
+        let rate = f64::from(self.committed) / elapsed.as_secs_f64().max(1e-6);
+        let nothing = self.committed == 0;
+        self.window_start = Some(now);
+        self.ended = 0;
+        self.committed = 0;
+        if nothing {
+            // Nothing committed (a table lock, a database that stopped): no measure of anything.
+            return None;
+        }
+        let before = self.limit;
+        self.phase = match self.phase {
+            Phase::Rest { rest, last } if rest > 0 && rate >= last * CHANGED => Phase::Rest {
+                rest: rest - 1,
+                last: rate,
+            },
+            Phase::Rest { .. } => {
+                let from = self.limit;
+                self.probe_up(from, rate, Self::first_step_up(from))
+            }
+            Phase::Up { from, base, step } => {
+                if rate > base * KEEP_UP {
+                    // Kept: on up, from here, by as much (up in steps, down in leaps: a
+                    // noisy rate that lets a probe up through is not taken far).
+                    self.rest_after_cycle = 1;
+                    self.probe_up(self.limit, rate, step)
+                } else {
+                    self.limit = from;
+                    self.probe_down(from, base, Self::first_step_down(from))
+                }
+            }
+            Phase::Down { from, base, step } => {
+                if rate > base * KEEP_DOWN {
+                    self.rest_after_cycle = 1;
+                    self.probe_down(self.limit, rate, step * 2)
+                } else {
+                    self.limit = from;
+                    self.settle(base)
+                }
+            }
+        };
+        (self.limit != before).then_some(self.limit)
+    }
+
+    /// Tries the limit `step` above `from` (whose rate was `base`), or down from the top.
+    fn probe_up(&mut self, from: usize, base: f64, step: usize) -> Phase {
+        if from >= self.max {
+            return self.probe_down(from, base, Self::first_step_down(from));
+        }
+        self.limit = (from + step).min(self.max);
+        Phase::Up { from, base, step }
+    }
+
+    /// Tries the limit `step` below `from` (whose rate was `base`), or rests at the bottom.
+    fn probe_down(&mut self, from: usize, base: f64, step: usize) -> Phase {
+        if from <= MIN_LIMIT {
+            return self.settle(base);
+        }
+        self.limit = from.saturating_sub(step).max(MIN_LIMIT);
+        Phase::Down { from, base, step }
+    }
+
+    /// Neither way did better: rest at the limit (whose rate was `base`), longer each time.
+    fn settle(&mut self, base: f64) -> Phase {
+        let rest = self.rest_after_cycle;
+        self.rest_after_cycle = (rest * 2).min(MAX_REST);
+        Phase::Rest { rest, last: base }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `climb` from `start` for `seconds` of transactions committed at `rate(limit)` per
+    /// second (each one's end spaced evenly), with `noise` (0.1: up to ±10%, from a fixed
+    /// sequence) on each one's spacing. The simulated time at the end, and the limit's mean
+    /// over the run's second half (weighted by time: what the probes cost is in it).
+    fn run(
+        climb: &mut Climb,
+        start: Instant,
+        seconds: f64,
+        noise: f64,
+        rate: impl Fn(usize) -> f64,
+    ) -> (Instant, f64) {
+        let mut now = start;
+        let mut i: u64 = 0;
+        let (mut weighted, mut weight) = (0.0, 0.0);
+        while now.duration_since(start).as_secs_f64() < seconds {
+            i += 1;
+            // A cheap deterministic jitter in [-1, 1].
+            let jitter = ((i.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+            let r = rate(climb.limit) * (1.0 + noise * jitter);
+            let step = 1.0 / r.max(1e-3);
+            if now.duration_since(start).as_secs_f64() >= seconds / 2.0 {
+                weighted += climb.limit as f64 * step;
+                weight += step;
+            }
+            now += Duration::from_secs_f64(step);
+            climb.ended(now, true);
+        }
+        (now, weighted / weight.max(1e-9))
+    }
+
+    /// The limit's mean over the second half of `seconds` on a pool of `max` (see [`run`]).
+    fn mean_limit(max: usize, seconds: f64, noise: f64, rate: impl Fn(usize) -> f64) -> f64 {
+        run(&mut Climb::new(max), Instant::now(), seconds, noise, rate).1
+    }
+
+    #[test]
+    fn a_busy_server_without_contention_keeps_the_pool() {
+        // A CPU-bound server: more at once commits a little more up to 8, then the same.
+        let mean = mean_limit(16, 20.0, 0.05, |l| 3_000.0 + 150.0 * l.min(8) as f64);
+        assert!(mean >= 14.0, "{mean}");
+    }
+
+    #[test]
+    fn slow_transactions_that_do_not_wait_on_each_other_keep_the_pool() {
+        // 200 ms each (a call to another service): what commits grows with the limit, so
+        // every window at a lower limit is throughput lost.
+        let mean = mean_limit(14, 120.0, 0.05, |l| l as f64 * 5.0);
+        assert!(mean >= 13.0, "{mean}");
+    }
+
+    #[test]
+    fn flat_throughput_does_not_bring_the_limit_down() {
+        let mean = mean_limit(16, 20.0, 0.05, |_| 4_000.0);
+        assert!(mean >= 14.0, "{mean}");
+    }
+
+    #[test]
+    fn hot_rows_bring_the_limit_down_to_one_or_two() {
+        // The contention bench's shape: each transaction more at once commits far fewer.
+        let mean = mean_limit(14, 20.0, 0.1, |l| 700.0 / (l as f64).powf(1.2));
+        assert!(mean <= 2.0, "{mean}");
+    }
+
+    #[test]
+    fn a_load_that_changes_is_followed() {
+        let mut climb = Climb::new(16);
+        let hot = |l: usize| 700.0 / (l as f64).powf(1.2);
+        let (now, mean) = run(&mut climb, Instant::now(), 10.0, 0.05, hot);
+        assert!(mean <= 2.5, "{mean}");
+        // The hot rows cool down: it climbs back.
+        let (now, mean) = run(&mut climb, now, 10.0, 0.05, |l| 2_000.0 + 200.0 * l as f64);
+        assert!(mean >= 13.0, "{mean}");
+        // And they come back.
+        let (_, mean) = run(&mut climb, now, 20.0, 0.05, hot);
+        assert!(mean <= 2.5, "{mean}");
+    }
+
+    #[test]
+    fn nothing_committed_moves_nothing() {
+        let mut climb = Climb::new(16);
+        let start = Instant::now();
+        for i in 1..=1_000u64 {
+            let moved = climb.ended(start + Duration::from_millis(10 * i), false);
+            assert_eq!(moved, None);
+        }
+        assert_eq!(climb.limit, 16);
+    }
+}
