@@ -35,8 +35,14 @@ enum Phase {
     /// base), unless a window commits less than [`CHANGED`] of the one before (`last`, none
     /// yet: 0).
     Rest { rest: u32, last: f64 },
-    /// A limit `step` above `from`, whose rate was `base`.
-    Up { from: usize, base: f64, step: usize },
+    /// A limit `step` above `from`, whose rate was `base`; `confirming`: one window at it
+    /// passed already, this one must pass too.
+    Up {
+        from: usize,
+        base: f64,
+        step: usize,
+        confirming: bool,
+    },
     /// A limit `step` below `from`, whose rate was `base`.
     Down { from: usize, base: f64, step: usize },
 }
@@ -112,7 +118,24 @@ impl Climb {
                 let from = self.limit;
                 self.probe_up(from, rate, Self::first_step_up(from))
             }
-            Phase::Up { from, base, step } => {
+            Phase::Up {
+                from,
+                base,
+                step,
+                confirming: false,
+            } if rate > base * KEEP_UP => {
+                // Once more at this limit: another instance's probe down (or its rest after
+                // one) raises this one's rate for a window, which must not walk it up.
+                Phase::Up {
+                    from,
+                    base,
+                    step,
+                    confirming: true,
+                }
+            }
+            Phase::Up {
+                from, base, step, ..
+            } => {
                 if rate > base * KEEP_UP {
                     // Kept: on up, from here, by as much (up in steps, down in leaps: a
                     // noisy rate that lets a probe up through is not taken far).
@@ -142,7 +165,12 @@ impl Climb {
             return self.probe_down(from, base, Self::first_step_down(from));
         }
         self.limit = (from + step).min(self.max);
-        Phase::Up { from, base, step }
+        Phase::Up {
+            from,
+            base,
+            step,
+            confirming: false,
+        }
     }
 
     /// Tries the limit `step` below `from` (whose rate was `base`), or rests at the bottom.
@@ -227,6 +255,48 @@ mod tests {
         // The contention bench's shape: each transaction more at once commits far fewer.
         let mean = mean_limit(14, 20.0, 0.1, |l| 700.0 / (l as f64).powf(1.2));
         assert!(mean <= 2.0, "{mean}");
+    }
+
+    /// Two instances on the same hot rows: the rate both commit together follows the sum of
+    /// their limits, shared in proportion to each one's limit, with `noise` that holds for
+    /// 150 ms at a time (a machine's slow and quick moments, which a window's many
+    /// transactions do not average out); each instance's mean limit over the second half.
+    fn two_instances(seconds: f64, noise: f64, rate: impl Fn(usize) -> f64) -> (f64, f64) {
+        let (mut a, mut b) = (Climb::new(14), Climb::new(14));
+        let start = Instant::now();
+        let mut now = start;
+        let mut credit_a = 0.0;
+        let (mut weighted_a, mut weighted_b, mut weight) = (0.0, 0.0, 0.0);
+        while now.duration_since(start).as_secs_f64() < seconds {
+            let moment = (now.duration_since(start).as_secs_f64() / 0.15) as u64 + 1;
+            let jitter = ((moment.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+            let total = a.limit + b.limit;
+            let step = 1.0 / (rate(total) * (1.0 + noise * jitter)).max(1e-3);
+            if now.duration_since(start).as_secs_f64() >= seconds / 2.0 {
+                weighted_a += a.limit as f64 * step;
+                weighted_b += b.limit as f64 * step;
+                weight += step;
+            }
+            now += Duration::from_secs_f64(step);
+            // Each commit goes to the instance owed the most of its share.
+            credit_a += a.limit as f64 / total as f64;
+            if credit_a >= 1.0 {
+                credit_a -= 1.0;
+                a.ended(now, true);
+            } else {
+                b.ended(now, true);
+            }
+        }
+        (weighted_a / weight, weighted_b / weight)
+    }
+
+    #[test]
+    fn two_instances_on_hot_rows_stay_low() {
+        // The bench's shape: one or two at once in all commit the most.
+        let (a, b) = two_instances(60.0, 0.15, |l| {
+            1_400.0 / (l as f64 / 2.0).max(1.0).powf(1.2)
+        });
+        assert!(a + b <= 5.0, "{a} + {b}");
     }
 
     #[test]
