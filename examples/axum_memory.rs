@@ -60,7 +60,7 @@ async fn create_order(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let idempotency = IdempotencyLayer::builder(MemoryStore::default())
         .scope_from_extension::<User>()
-        .build();
+        .build()?;
     let app = Router::new()
         .route("/orders", post(create_order))
         // `route_layer`: the matched routes only, so an unknown path stays 404.

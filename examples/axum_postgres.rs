@@ -90,7 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route_layer(
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<UserId>()
-                .build(),
+                .build()?,
         )
         .layer(middleware::from_fn(authenticate));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3002").await?;

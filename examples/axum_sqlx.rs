@@ -104,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<UserId>()
                 .lease(Duration::from_secs(lease))
-                .build(),
+                .build()?,
         )
         .layer(middleware::from_fn(authenticate));
     let listen = arg("--listen").unwrap_or_else(|| "127.0.0.1:3003".to_owned());

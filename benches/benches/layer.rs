@@ -83,7 +83,8 @@ fn layer(c: &mut Criterion) {
         let app = handler().layer(
             IdempotencyLayer::builder(store)
                 .scope_from_extension::<User>()
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
         group.bench_function(BenchmarkId::new("first_request", target.name()), |b| {
             b.to_async(&runtime)

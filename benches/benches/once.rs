@@ -46,6 +46,7 @@ fn fresh_key() -> IdempotencyKey {
 
 fn engine() -> Engine<MemoryStore> {
     Engine::new(MemoryStore::builder().build(), EngineConfig::default())
+        .expect("valid engine settings")
 }
 
 fn once(c: &mut Criterion) {

@@ -134,17 +134,20 @@ pub fn tasks_app(layer: Option<LayerStore>) -> Router {
         Some(LayerStore::Memory | LayerStore::MemoryPrometheus) => route.layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_with(scope)
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         ),
         Some(LayerStore::Null) => route.layer(
             IdempotencyLayer::builder(NullStore)
                 .scope_with(scope)
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         ),
         Some(LayerStore::MemoryRoomy) => route.layer(
             IdempotencyLayer::builder(MemoryStore::builder().max_stored_bytes(ROOMY_BOUND).build())
                 .scope_with(scope)
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         ),
     };
     Router::new().route("/tasks", route).with_state(tasks)

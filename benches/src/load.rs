@@ -224,7 +224,7 @@ pub async fn run(config: &LoadConfig) -> Result<LoadReport, String> {
         let tasks = idempotency_demo::tasks::TaskStore::postgres(store.pool().clone())
             .await
             .map_err(crate::err)?;
-        idempotency_demo::router(Arc::new(store), tasks)
+        idempotency_demo::router(Arc::new(store), tasks).map_err(|e| format!("{e:?}"))?
     } else {
         idempotency_demo::build_app(&config.store)
             .await

@@ -50,7 +50,9 @@ pub fn counting_app_with(
     runs: &Runs,
     configure: impl FnOnce(Builder) -> Builder,
 ) -> Router {
-    let layer = configure(IdempotencyLayer::builder(store).scope_from_extension::<User>()).build();
+    let layer = configure(IdempotencyLayer::builder(store).scope_from_extension::<User>())
+        .build()
+        .expect("valid idempotency layer settings");
     let orders = runs.orders.clone();
     let flaky = runs.flaky.clone();
     let panics = runs.panics.clone();

@@ -83,7 +83,8 @@ async fn hot_rows_wait_for_a_place(mode: ClaimMode) {
         .scope_from_extension::<User>()
         .claim_mode(mode)
         .store_timeout(STORE_TIMEOUT)
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let app = Router::new()
         .route("/orders", post(order))
         .route_layer(layer)

@@ -83,7 +83,8 @@ async fn held_commit_is_unknown_then_replays(mode: ClaimMode) {
         .scope_from_extension::<User>()
         .claim_mode(mode)
         .store_timeout(STORE_TIMEOUT)
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let app = Router::new()
         .route("/tasks", post(create))
         .layer(layer)

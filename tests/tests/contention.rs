@@ -92,7 +92,8 @@ fn shop(store: PostgresStore, mode: ClaimMode, schema: &str) -> Router {
     let layer = IdempotencyLayer::builder(store)
         .scope_from_extension::<User>()
         .claim_mode(mode)
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     Router::new()
         .route("/orders", post(order))
         .route_layer(layer)
@@ -242,7 +243,8 @@ async fn refusals_under_contention(
     shop_tables(&store, schema.name()).await;
     let app = if jobs {
         let config = idempotency::EngineConfig::default().claim_mode(mode);
-        let engine = idempotency::Engine::new(store.clone(), config);
+        let engine =
+            idempotency::Engine::new(store.clone(), config).expect("valid engine settings");
         Sender::Once(Arc::new(engine), schema.name().to_owned())
     } else {
         Sender::Http(shop(store.clone(), mode, schema.name()))
@@ -480,7 +482,8 @@ async fn refused_duplicate(obstacle: Obstacle) -> (StatusCode, axum::http::Heade
         .scope_from_extension::<User>()
         .claim_mode(ClaimMode::OneTransactionSpeculative)
         .store_timeout(Duration::from_millis(300))
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let app = Router::new()
         .route("/rows", post(write_once))
         .route_layer(layer)

@@ -41,7 +41,8 @@ fn app(store: PostgresStore, mode: ClaimMode) -> Router {
         .scope_from_extension::<User>()
         .claim_mode(mode)
         .store_timeout(STORE_TIMEOUT)
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     Router::new()
         .route("/tasks", post(create))
         .route_layer(layer)

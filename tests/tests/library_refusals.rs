@@ -33,7 +33,8 @@ async fn app(profile: Profile, runs: Arc<AtomicUsize>) -> (Router, TestSchema) {
         // No heartbeat, a 1 s lease: the lease runs out while the request is held.
         .heartbeat(false)
         .lease(Duration::from_secs(1))
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let app = Router::new()
         .route(
             "/tasks",
@@ -117,7 +118,8 @@ async fn a_refused_transaction_is_not_stored_even_when_every_status_is() {
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_from_extension::<User>()
                 .replay_policy(ReplayPolicy::all_final())
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     let (user, key) = (User(uuid::Uuid::new_v4()), uuid::Uuid::new_v4().to_string());
     for attempt in 0..2 {

@@ -80,7 +80,8 @@ fn the_speculative_mode_counts_each_request_once() {
             let layer = IdempotencyLayer::builder(store)
                 .scope_from_extension::<User>()
                 .claim_mode(ClaimMode::OneTransactionSpeculative)
-                .build();
+                .build()
+                .expect("valid idempotency layer settings");
             let app = Router::new()
                 .route("/tasks", post(create))
                 .route_layer(layer)

@@ -38,7 +38,11 @@ fn app_with(
                 }
             }),
         )
-        .layer(configure(IdempotencyLayer::builder(store).scope_from_extension::<User>()).build());
+        .layer(
+            configure(IdempotencyLayer::builder(store).scope_from_extension::<User>())
+                .build()
+                .expect("valid idempotency layer settings"),
+        );
     (router, runs)
 }
 

@@ -47,7 +47,8 @@ fn app(store: PostgresStore, mode: ClaimMode, handler: Handler) -> Router {
     let layer = IdempotencyLayer::builder(store)
         .scope_from_extension::<User>()
         .claim_mode(mode)
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     Router::new()
         .route("/tasks", post(create))
         .layer(layer)

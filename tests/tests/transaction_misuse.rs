@@ -128,7 +128,7 @@ async fn setup(
         .route("/checked", post(create_checked))
         .route("/twice", post(two_extractors))
         .route("/reopen", post(reopens))
-        .layer(builder.build())
+        .layer(builder.build().expect("valid idempotency layer settings"))
         .with_state(Effects(table.clone()));
     (app, store, table, schema)
 }
@@ -283,7 +283,8 @@ async fn a_transaction_idle_longer_than_a_lease_commits_nothing() {
                     .claim_mode(mode)
                     .lease(IDLE_LEASE)
                     .store_timeout(Duration::from_millis(500))
-                    .build(),
+                    .build()
+                    .expect("valid idempotency layer settings"),
             )
             .layer(Extension(first))
             .with_state(Effects(table.clone()));

@@ -185,7 +185,10 @@ pub async fn app(settings: &ShopSettings) -> Result<Router, String> {
         layer = layer.store_timeout(timeout);
     }
     Ok(Router::new()
-        .route("/orders", post(create_order).layer(layer.build()))
+        .route(
+            "/orders",
+            post(create_order).layer(layer.build().map_err(err)?),
+        )
         .with_state(Shop {
             schema: settings.schema.clone(),
             keep_refused_writes: settings.keep_refused_writes,

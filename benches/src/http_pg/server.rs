@@ -268,7 +268,8 @@ pub async fn app(variant: PgVariant, url: &str, pool: usize) -> Result<Router, S
             let layer = IdempotencyLayer::builder(store)
                 .scope_with(scope)
                 .claim_mode(mode)
-                .build();
+                .build()
+                .expect("valid idempotency layer settings");
             Router::new().route("/tasks", post(in_tx).layer(layer))
         }
     };

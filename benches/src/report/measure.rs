@@ -111,7 +111,8 @@ pub(crate) async fn workload(
     concurrency: usize,
     requests: usize,
 ) -> Result<(Histogram<u64>, f64, usize), String> {
-    let engine = Engine::new(Arc::clone(&connected.store), EngineConfig::default());
+    let engine = Engine::new(Arc::clone(&connected.store), EngineConfig::default())
+        .expect("valid engine settings");
     let scope = bench_scope();
     let fp = bench_fingerprint();
     let response = bench_response();

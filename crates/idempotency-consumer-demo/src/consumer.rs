@@ -91,6 +91,9 @@ pub enum ConsumerError {
     /// The broker failed.
     #[error("RabbitMQ failed")]
     Broker(#[from] lapin::Error),
+    /// The engine's settings cannot run on the store.
+    #[error("the idempotency settings cannot run on this store")]
+    Config(#[from] idempotency::ConfigError),
     /// The operations endpoints (`--ops-listen`) could not listen.
     #[error("could not serve the operations endpoints")]
     Operations(#[source] std::io::Error),
@@ -308,7 +311,7 @@ impl Consumer {
             EngineConfig::default()
                 .claim_mode(ClaimMode::OneTransaction)
                 .in_flight_wait(config.in_flight_wait),
-        );
+        )?;
         let connection =
             Connection::connect(&config.amqp_url, ConnectionProperties::default()).await?;
         let channel = connection.create_channel().await?;

@@ -18,8 +18,8 @@ mod test_store;
 mod transaction;
 
 pub use engine::{
-    Begin, ClaimMode, Completion, Drain, Engine, EngineConfig, Guard, KeyClaim, ReplayPolicy,
-    RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
+    Begin, ClaimMode, Completion, ConfigError, Drain, Engine, EngineConfig, Guard, KeyClaim,
+    ReplayPolicy, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
 };
 pub use error::{BoxError, ErrorChain, StoreError};
 pub use fingerprint::{

@@ -242,7 +242,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// use idempotency_core::{Engine, EngineConfig, IdempotencyKey, KeyFormat, Scope};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let engine = Engine::new(idempotency_memory::MemoryStore::default(), EngineConfig::default());
+    /// let engine = Engine::new(idempotency_memory::MemoryStore::default(), EngineConfig::default())?;
     /// let scope = Scope::new("tasks-consumer")?;
     /// let key = IdempotencyKey::parse(b"message-0001", KeyFormat::opaque())?;
     /// for _delivery in 0..3 {

@@ -48,6 +48,15 @@ pub trait TransactionalStore: Send + Sync {
         false
     }
 
+    /// Whether [`TransactionalStore::begin_one_transaction_speculative`] queues the lookup with
+    /// the handler's first statement (the PostgreSQL store on tokio-postgres), rather than
+    /// falling back to [`TransactionalStore::begin_one_transaction`]: without it,
+    /// [`ClaimMode::OneTransactionSpeculative`](crate::ClaimMode::OneTransactionSpeculative) is
+    /// refused when the engine is built. Default false.
+    fn supports_speculative(&self) -> bool {
+        false
+    }
+
     /// The one-transaction mode: begins a transaction, takes a transaction-scoped lock on
     /// `(scope, key)` **without waiting**, and reads the key's live record, all in one round
     /// trip; `token` names this request's hold on the key (a store may keep it beside the

@@ -64,6 +64,10 @@ pub enum DemoError {
     /// The task storage could not be made.
     #[error("could not open the task storage")]
     Tasks(#[from] TaskStoreError),
+    /// The idempotency settings cannot run on the store (a lease shorter than three store
+    /// timeouts, say).
+    #[error("the idempotency settings cannot run on this store")]
+    Config(#[from] idempotency::ConfigError),
 }
 
 /// How the demo runs.
@@ -143,7 +147,7 @@ pub async fn build_app_with(store_url: &str, options: &Options) -> Result<App, D
     } else {
         (idempotency::connect(store_url).await?, TaskStore::memory())
     };
-    Ok(router_with(store, tasks, options))
+    router_with(store, tasks, options)
 }
 
 /// The PostgreSQL store of `options`, migrated. Without `--table-mode` the library's default
@@ -181,20 +185,28 @@ async fn postgres_store(url: &str, options: &Options) -> Result<PostgresStore, D
 const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The app on a given idempotency store and task storage.
-pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Router {
-    router_with(store, tasks, &Options::default()).router
+pub fn router(store: Arc<dyn IdempotencyStore>, tasks: TaskStore) -> Result<Router, DemoError> {
+    Ok(router_with(store, tasks, &Options::default())?.router)
 }
 
-/// [`router`] with `options`, and the handle its shutdown waits on.
-pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: &Options) -> App {
-    let one_transaction = options.tasks_in_transaction
-        && store
-            .transactional()
-            .is_some_and(|store| store.supports_one_transaction());
-    let claim_mode = if one_transaction {
-        options.claim_mode
-    } else {
-        ClaimMode::Lease
+/// [`router`] with `options`, and the handle its shutdown waits on. The claim mode of
+/// `options` where the store runs it: the lease mode where the store cannot hold a key in a
+/// transaction (the memory and Redis stores), the one-transaction mode where it cannot
+/// speculate (sqlx).
+pub fn router_with(
+    store: Arc<dyn IdempotencyStore>,
+    tasks: TaskStore,
+    options: &Options,
+) -> Result<App, DemoError> {
+    let transactions = store
+        .transactional()
+        .filter(|store| options.tasks_in_transaction && store.supports_one_transaction());
+    let claim_mode = match (transactions, options.claim_mode) {
+        (None, _) => ClaimMode::Lease,
+        (Some(store), ClaimMode::OneTransactionSpeculative) if !store.supports_speculative() => {
+            ClaimMode::OneTransaction
+        }
+        (Some(_), mode) => mode,
     };
     let probe = store.clone();
     let idempotency = IdempotencyLayer::builder(store)
@@ -202,7 +214,7 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .claim_mode(claim_mode)
         .lease(options.lease)
         .retention(options.retention)
-        .build();
+        .build()?;
     let drain = idempotency.drain();
     let router = Router::new()
         .route("/tasks", get(list_tasks).post(create_task))
@@ -217,11 +229,11 @@ pub fn router_with(store: Arc<dyn IdempotencyStore>, tasks: TaskStore, options: 
         .with_state(tasks)
         // Outside authentication and the idempotency layer: probes carry no user and no key.
         .merge(operations::health_routes(probe.clone()));
-    App {
+    Ok(App {
         router,
         drain,
         store: probe,
-    }
+    })
 }
 
 /// An RFC 9457 problem response.

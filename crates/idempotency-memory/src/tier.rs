@@ -97,7 +97,7 @@ impl<S: IdempotencyStore> ReplayTierBuilder<S> {
 /// use idempotency_memory::ReplayTier;
 /// # let store = idempotency_memory::MemoryStore::default(); // e.g. a PostgresStore
 /// let store = ReplayTier::builder(store).max_cached_bytes(32 * 1024 * 1024).build();
-/// let engine = idempotency_core::Engine::new(store, Default::default());
+/// let engine = idempotency_core::Engine::new(store, Default::default())?;
 /// # let _ = engine; Ok(()) }
 /// ```
 ///

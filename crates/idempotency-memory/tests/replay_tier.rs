@@ -83,7 +83,8 @@ mod calls {
     #[tokio::test]
     async fn a_replay_through_the_engine_reaches_no_store() {
         let store = FaultyStore::new(MemoryStore::default());
-        let engine = Engine::new(ReplayTier::new(store.clone()), EngineConfig::default());
+        let engine = Engine::new(ReplayTier::new(store.clone()), EngineConfig::default())
+            .expect("valid engine settings");
         let (scope, key) = (Scope::new("user-1").unwrap(), key());
         let Begin::Proceed(guard) = engine
             .begin(scope.clone(), key.clone(), fp("a"))

@@ -412,6 +412,10 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
         self.inner.transactions
     }
 
+    fn supports_speculative(&self) -> bool {
+        self.inner.transactions && self.inner.driver.queues_statements()
+    }
+
     async fn begin_one_transaction(
         &self,
         scope: &Scope,

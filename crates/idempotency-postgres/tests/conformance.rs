@@ -177,7 +177,8 @@ mod transactional {
         idempotency_conformance::transactional_suite!(
             harness(TableMode::Unlogged),
             lease,
-            one_transaction
+            one_transaction,
+            speculative
         );
     }
 
@@ -186,7 +187,8 @@ mod transactional {
         idempotency_conformance::transactional_suite!(
             harness(TableMode::Logged),
             lease,
-            one_transaction
+            one_transaction,
+            speculative
         );
     }
 }

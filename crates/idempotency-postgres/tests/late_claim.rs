@@ -66,7 +66,8 @@ mod postgres {
             EngineConfig::default()
                 .lease(LEASE)
                 .store_timeout(STORE_TIMEOUT),
-        );
+        )
+        .expect("valid engine settings");
         let answer = engine.begin(scope.clone(), key.clone(), fp()).await;
         assert!(
             matches!(answer, Err(StoreError::Timeout { .. })),
@@ -80,7 +81,7 @@ mod postgres {
 
         // The late claim lands and its release runs after it on the same connection: within
         // moments (a busy machine may take a while), far from the claim's lease.
-        let fresh = Engine::new(store, EngineConfig::default());
+        let fresh = Engine::new(store, EngineConfig::default()).expect("valid engine settings");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             match fresh.begin(scope.clone(), key.clone(), fp()).await {

@@ -51,7 +51,8 @@ mod postgres {
             .await
             .unwrap_or_else(|e| panic!("through PgBouncer: {}", idempotency_core::ErrorChain(&e)));
         store.migrate().await.expect("migrate through PgBouncer");
-        let engine = Engine::new(store.clone(), EngineConfig::default());
+        let engine =
+            Engine::new(store.clone(), EngineConfig::default()).expect("valid engine settings");
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
         let mut requests = tokio::task::JoinSet::new();
         for i in 0..64 {
@@ -112,7 +113,8 @@ mod postgres {
             .await
             .expect("side-effect table");
         drop(client);
-        let engine = Engine::new(store.clone(), EngineConfig::default());
+        let engine =
+            Engine::new(store.clone(), EngineConfig::default()).expect("valid engine settings");
         let fp = Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw);
         for _ in 0..20 {
             let scope = Scope::new("bouncer").expect("scope");

@@ -7,8 +7,8 @@ mod postgres {
     use idempotency_core::http::{HeaderMap, StatusCode};
     use idempotency_core::store::{ClaimOutcome, FenceOutcome};
     use idempotency_core::{
-        BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken,
-        Scope, StoredResponse,
+        BodyCanonicalization, ClaimMode, ConfigError, Engine, EngineConfig, Fingerprint,
+        IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
     };
     use idempotency_postgres::sqlx::PgPool;
     use idempotency_postgres::sqlx::postgres::PgPoolOptions;
@@ -175,6 +175,62 @@ mod postgres {
             }
             other => panic!("a synchronous pool must be refused, got {other:?}"),
         }
+    }
+
+    /// The claim modes sqlx cannot run are refused when the engine is built, never per request:
+    /// the speculative mode (sqlx sends `BEGIN` on its own, so the key's lookup cannot ride the
+    /// handler's first statement; before, it ran as the one-transaction mode while saying
+    /// otherwise), and both one-transaction modes with transactions off. The one-transaction
+    /// mode with transactions on is built.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_claim_modes_sqlx_cannot_run_are_refused_when_the_engine_is_built() {
+        let schema = TestSchema::new("idem_sqlx");
+        let store = |transactions: bool| {
+            let url = schema.url().to_owned();
+            let name = schema.name().to_owned();
+            async move {
+                SqlxPostgresStore::builder_from_sqlx_pool(pool(&url).await)
+                    .schema(&name)
+                    .transactions(transactions)
+                    .build()
+                    .await
+                    .expect("build")
+            }
+        };
+        let config = |mode| EngineConfig::default().claim_mode(mode);
+        let refused = Engine::new(
+            store(true).await,
+            config(ClaimMode::OneTransactionSpeculative),
+        )
+        .expect_err("sqlx cannot speculate");
+        assert_eq!(
+            refused,
+            ConfigError::SpeculativeUnsupported {
+                backend: "postgres"
+            }
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("use ClaimMode::OneTransaction"),
+            "{refused}"
+        );
+        let engine = Engine::new(store(true).await, config(ClaimMode::OneTransaction))
+            .expect("sqlx runs the one-transaction mode");
+        assert_eq!(engine.claim_mode(), ClaimMode::OneTransaction);
+        for mode in [
+            ClaimMode::OneTransaction,
+            ClaimMode::OneTransactionSpeculative,
+        ] {
+            assert_eq!(
+                Engine::new(store(false).await, config(mode)).expect_err("transactions are off"),
+                ConfigError::OneTransactionUnsupported {
+                    mode,
+                    backend: "postgres"
+                }
+            );
+        }
+        schema.drop().await;
     }
 
     /// A `TRUNCATE` of the table is noticed by the next check and counted once.

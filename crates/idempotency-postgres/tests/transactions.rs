@@ -233,8 +233,25 @@ mod postgres {
             f
         }
 
+        /// The claim modes the driver runs: all three on tokio-postgres; sqlx cannot speculate
+        /// (the engine refuses the speculative mode there).
+        fn claim_modes(&self) -> Vec<ClaimMode> {
+            let speculates = self
+                .store
+                .transactional()
+                .is_some_and(|store| store.supports_speculative());
+            [
+                ClaimMode::Lease,
+                ClaimMode::OneTransaction,
+                ClaimMode::OneTransactionSpeculative,
+            ]
+            .into_iter()
+            .filter(|mode| speculates || *mode != ClaimMode::OneTransactionSpeculative)
+            .collect()
+        }
+
         fn engine(&self, config: EngineConfig) -> Engine<S> {
-            Engine::new(self.store.clone(), config)
+            Engine::new(self.store.clone(), config).expect("valid engine settings")
         }
 
         /// How many side effects `key` has.
@@ -629,11 +646,7 @@ mod postgres {
     /// exist", and `docs/failure-modes.md` "0 side effects".)
     async fn writes_after_the_handler_s_own_rollback_stand<S: Driver>() {
         let f = Fixture::<S>::new(TableMode::Logged).await;
-        for mode in [
-            ClaimMode::Lease,
-            ClaimMode::OneTransaction,
-            ClaimMode::OneTransactionSpeculative,
-        ] {
+        for mode in f.claim_modes() {
             let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let guard = proceed(&engine, &s, &k).await;
@@ -739,8 +752,6 @@ mod postgres {
                 a_commit_not_confirmed_in_time_is_an_unknown_outcome,
                 a_handler_that_ends_the_transaction_itself_is_caught,
                 one_transaction_handler_that_ends_the_transaction_is_caught,
-                speculative_handler_that_ends_the_transaction_is_caught,
-                a_key_lookup_that_does_not_answer_leaves_nothing,
                 the_request_s_transaction_commits_synchronously_with_asynchronous_claims,
                 the_transaction_is_refused_when_it_cannot_be_honoured,
                 taking_the_transaction_twice_is_refused_at_once,
@@ -767,11 +778,7 @@ mod postgres {
             "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
             f.schema
         );
-        for mode in [
-            ClaimMode::Lease,
-            ClaimMode::OneTransaction,
-            ClaimMode::OneTransactionSpeculative,
-        ] {
+        for mode in f.claim_modes() {
             let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let (sql, key_text) = (sql.as_str(), k.as_str());
@@ -834,11 +841,7 @@ mod postgres {
             "INSERT INTO \"{}\".side_effects (key) VALUES ($1 || chr(0))",
             f.schema
         );
-        for mode in [
-            ClaimMode::Lease,
-            ClaimMode::OneTransaction,
-            ClaimMode::OneTransactionSpeculative,
-        ] {
+        for mode in f.claim_modes() {
             let engine = f.engine(EngineConfig::default().claim_mode(mode));
             let (s, k) = (scope(), key());
             let (insert, poison, key_text) = (insert.as_str(), poison.as_str(), k.as_str());
@@ -972,7 +975,7 @@ mod postgres {
 
     /// Speculative mode: the key's lookup does not answer within the store timeout (another
     /// session holds the key table locked). The request is not stored (503 `not-committed` for
-    /// an HTTP client; on sqlx, which looks the key up first, `begin` itself fails), nothing of
+    /// an HTTP client), nothing of
     /// it stands, and once the table is free the retry runs once: one side effect in all.
     async fn a_key_lookup_that_does_not_answer_leaves_nothing<S: Driver>() {
         let f = Fixture::<S>::new(TableMode::Logged).await;
@@ -1026,6 +1029,11 @@ mod postgres {
     /// On tokio-postgres and deadpool (`PostgresTransaction`).
     mod tokio_postgres_driver {
         transaction_cases!(idempotency_postgres::PostgresStore);
+        // The speculative mode's own cases (sqlx cannot speculate).
+        transaction_cases!(@ idempotency_postgres::PostgresStore;
+            speculative_handler_that_ends_the_transaction_is_caught,
+            a_key_lookup_that_does_not_answer_leaves_nothing,
+        );
     }
 
     /// On sqlx (`SqlxPostgresTransaction`).

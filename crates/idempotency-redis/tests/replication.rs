@@ -267,7 +267,7 @@ mod redis_store {
         let store = waiting_store(&master, "idem-wait-complete:").await;
         // Room for the completion's wait (see `ACK_WAIT`), which times out, on a busy machine.
         let config = EngineConfig::default().store_timeout(Duration::from_secs(10));
-        let engine = Engine::new(store, config);
+        let engine = Engine::new(store, config).expect("valid engine settings");
         let scope = Scope::new("user-1").expect("scope");
         let Begin::Proceed(guard) = engine
             .begin(scope.clone(), key(0), fp())

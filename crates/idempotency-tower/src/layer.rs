@@ -5,7 +5,7 @@ mod settings;
 use crate::config::{ScopeSource, Settings, Shared};
 use crate::service::IdempotencyService;
 use http::request::Parts;
-use idempotency_core::{Engine, EngineConfig, IdempotencyStore, Scope};
+use idempotency_core::{ClaimMode, ConfigError, Engine, EngineConfig, IdempotencyStore, Scope};
 use std::fmt;
 use std::sync::Arc;
 use tower_layer::Layer;
@@ -61,6 +61,11 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
         &self.shared.engine
     }
 
+    /// How the layer's requests hold their keys ([`Engine::claim_mode`]).
+    pub fn claim_mode(&self) -> ClaimMode {
+        self.shared.engine.claim_mode()
+    }
+
     /// What a server's graceful shutdown awaits after it stops accepting requests: every request
     /// the layer runs (a handler moved to its own task when its client left included) and the
     /// engine's background work (responses stored or keys released after a store failure), so
@@ -96,7 +101,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let layer = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default())
     ///     .unscoped()
-    ///     .build();
+    ///     .build()?;
     /// let charges = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/sent_at")?);
     /// let app: Router = Router::new()
     ///     .route("/tasks", post(create).route_layer(layer.clone()))
@@ -254,43 +259,30 @@ impl<S> IdempotencyLayerBuilder<S, ScopeNotSet> {
 }
 
 impl<S: IdempotencyStore + 'static> IdempotencyLayerBuilder<S, ScopeSet> {
-    /// Builds the layer.
-    ///
-    /// # Panics
-    ///
-    /// When the engine settings cannot run a request safely ([`EngineConfig::check`]): with
-    /// the heartbeat on, a lease shorter than three store timeouts set with `store_timeout`
-    /// (left unset, the store timeout shrinks to a third of the lease).
-    pub fn build(mut self) -> IdempotencyLayer<S> {
+    /// Builds the layer, or says why its engine settings cannot run on its store
+    /// ([`ConfigError`]): with the heartbeat on, a lease shorter than three store timeouts set
+    /// with `store_timeout` (left unset, the store timeout shrinks to a third of the lease); a
+    /// one-transaction mode on a store that cannot hold a key in a transaction; the speculative
+    /// mode with a wait, or on a store that cannot speculate.
+    pub fn build(mut self) -> Result<IdempotencyLayer<S>, ConfigError> {
         if !self.store_timeout_chosen {
             self.engine.store_timeout = self
                 .engine
                 .store_timeout
                 .min(self.engine.lease / EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS);
         }
-        if self.engine.claim_mode.is_one_transaction()
-            && !self
-                .store
-                .transactional()
-                .is_some_and(|store| store.supports_one_transaction())
-        {
-            tracing::error!(
-                backend = self.store.backend(),
-                "ClaimMode::OneTransaction needs a store whose transactions support it (the \
-                 PostgreSQL store with transactions on); every covered request will be answered 503"
-            );
-        }
+        let engine = Engine::new(self.store, self.engine)?;
         // The layer decides what is stored; per-route variants may replace it.
-        self.settings.replay_policy = self.engine.replay_policy.clone();
-        IdempotencyLayer {
+        self.settings.replay_policy = engine.config().replay_policy.clone();
+        Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                engine: Engine::new(self.store, self.engine),
+                engine,
                 scope: self.scope.0,
                 render: self.settings.renderer(),
                 bodies: crate::body::BodyBudget::new(self.settings.max_buffered_request_bytes),
                 settings: self.settings,
                 routes: Default::default(),
             }),
-        }
+        })
     }
 }

@@ -53,6 +53,7 @@ fn layer() -> IdempotencyLayer<MemoryStore> {
     IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
         .build()
+        .expect("valid idempotency layer settings")
 }
 
 async fn send(
@@ -141,7 +142,8 @@ async fn an_empty_list_of_rejection_statuses_stores_them_as_before() {
     let layer = IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
         .rejection_statuses([])
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let app = app(layer, Arc::clone(&runs));
     let (status, _, _) = send(&app, "/tasks", "stored-415", None, r#"{"title":"a"}"#).await;
     assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);

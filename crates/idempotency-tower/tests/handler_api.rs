@@ -89,7 +89,7 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
             .get(|lease: Option<Claim>| async move { format!("lease: {}", lease.is_some()) }),
         )
         .route("/needs-lease", get(|_lease: Claim| async { "never" }))
-        .layer(builder().build());
+        .layer(builder().build().expect("valid idempotency layer settings"));
 
     let (status, _, body) = send(&app, post_req("/pay", Some(KEY), "{}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -127,7 +127,8 @@ async fn key_with_takes_the_key_from_where_the_application_says() {
                     .split('&')
                     .find_map(|pair| pair.strip_prefix("request_id=").map(str::to_owned))
             })
-            .build(),
+            .build()
+            .expect("valid idempotency layer settings"),
     );
     let uri = format!("/orders?request_id={KEY}");
     assert_eq!(send(&app, post_req(&uri, None, "{}")).await.2, "run 1");
@@ -153,9 +154,12 @@ async fn fingerprint_with_counts_chosen_headers_and_ignores_chosen_fields() {
         .header(HeaderName::from_static("api-version"))
         .ignore_json("/sent_at")
         .unwrap();
-    let app = Router::new()
-        .route("/orders", counting(&runs))
-        .layer(builder().fingerprint_with(spec).build());
+    let app = Router::new().route("/orders", counting(&runs)).layer(
+        builder()
+            .fingerprint_with(spec)
+            .build()
+            .expect("valid idempotency layer settings"),
+    );
     let versioned = |version: &str, body: &str| {
         let mut r = post_req("/orders", Some(KEY), body);
         r.headers_mut()
@@ -185,9 +189,12 @@ async fn fingerprint_with_counts_chosen_headers_and_ignores_chosen_fields() {
 async fn fingerprint_with_keep_counts_only_the_kept_fields() {
     let runs = Arc::new(AtomicUsize::new(0));
     let spec = FingerprintSpec::new().keep_json("/amount").unwrap();
-    let app = Router::new()
-        .route("/charges", counting(&runs))
-        .layer(builder().fingerprint_with(spec).build());
+    let app = Router::new().route("/charges", counting(&runs)).layer(
+        builder()
+            .fingerprint_with(spec)
+            .build()
+            .expect("valid idempotency layer settings"),
+    );
     send(
         &app,
         post_req("/charges", Some(KEY), r#"{"amount":5,"note":"a"}"#),
@@ -245,7 +252,7 @@ async fn a_response_marked_not_stored_releases_the_key_and_the_fixed_request_run
                     }
                 }),
             )
-            .layer(builder().build());
+            .layer(builder().build().expect("valid idempotency layer settings"));
         let (status, headers, _) =
             send(&app, post_req("/tasks", Some(KEY), r#"{"title":""}"#)).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{marker}");
@@ -286,7 +293,7 @@ async fn not_stored_works_as_an_axum_response_part() {
                 }
             }),
         )
-        .layer(builder().build());
+        .layer(builder().build().expect("valid idempotency layer settings"));
     send(&app, post_req("/x", Some(KEY), "{}")).await;
     let (_, headers, _) = send(&app, post_req("/x", Some(KEY), "{}")).await;
     assert!(!replayed(&headers));
@@ -298,9 +305,12 @@ async fn not_stored_works_as_an_axum_response_part() {
 #[tokio::test]
 async fn the_stripe_profile_answers_with_stripes_error_envelope() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .route("/charges", counting(&runs))
-        .layer(builder().profile(Profile::Stripe).build());
+    let app = Router::new().route("/charges", counting(&runs)).layer(
+        builder()
+            .profile(Profile::Stripe)
+            .build()
+            .expect("valid idempotency layer settings"),
+    );
     let (status, headers, body) = send(&app, post_req("/charges", Some("not a uuid"), "{}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(headers[header::CONTENT_TYPE], "application/json");
@@ -350,7 +360,8 @@ async fn refusals_go_through_the_applications_renderer_and_keep_retry_after() {
                         .unwrap()
                 })
                 .replay_header(HeaderName::from_static("x-replayed"))
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     let (status, _, body) = send(&app, post_req("/slow", None, "{}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -389,7 +400,10 @@ async fn the_layer_works_per_route_with_route_layer_and_in_a_service_builder() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         // One route only: MethodRouter::layer.
-        .route("/one", counting(&runs).layer(builder().build()))
+        .route(
+            "/one",
+            counting(&runs).layer(builder().build().expect("valid idempotency layer settings")),
+        )
         // Not covered.
         .route("/free", counting(&runs));
     send(&app, post_req("/one", Some(KEY), "{}")).await;
@@ -406,7 +420,7 @@ async fn the_layer_works_per_route_with_route_layer_and_in_a_service_builder() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/one", counting(&runs))
-        .route_layer(builder().build());
+        .route_layer(builder().build().expect("valid idempotency layer settings"));
     assert_eq!(
         send(&app, post_req("/nowhere", None, "{}")).await.0,
         StatusCode::NOT_FOUND
@@ -426,7 +440,7 @@ async fn the_layer_works_per_route_with_route_layer_and_in_a_service_builder() {
     let app = Router::new().route("/one", counting(&runs)).layer(
         tower::ServiceBuilder::new()
             .layer(tower::limit::ConcurrencyLimitLayer::new(64))
-            .layer(builder().build()),
+            .layer(builder().build().expect("valid idempotency layer settings")),
     );
     send(&app, post_req("/one", Some(KEY), "{}")).await;
     assert!(replayed(
@@ -444,7 +458,8 @@ async fn cover_if_leaves_other_requests_untouched() {
         .layer(
             builder()
                 .cover_if(|parts| parts.uri.path().starts_with("/payments"))
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     // Not covered: no key needed, every request runs.
     assert_eq!(
@@ -473,7 +488,7 @@ async fn under_nest_the_fingerprint_sees_the_path_the_client_sent() {
     let runs = Arc::new(AtomicUsize::new(0));
     let tasks = Router::new()
         .route("/tasks", counting(&runs))
-        .layer(builder().build());
+        .layer(builder().build().expect("valid idempotency layer settings"));
     let app = Router::new().nest("/v1", tasks.clone()).nest("/v2", tasks);
     assert_eq!(
         send(&app, post_req("/v1/tasks", Some(KEY), "{}")).await.2,
@@ -494,7 +509,7 @@ async fn under_nest_the_fingerprint_sees_the_path_the_client_sent() {
 async fn drain_waits_for_a_handler_whose_client_left_and_its_response_is_stored() {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
-    let layer = builder().build();
+    let layer = builder().build().expect("valid idempotency layer settings");
     let drain = layer.drain();
     let app = Router::new()
         .route(
@@ -548,7 +563,8 @@ async fn the_layer_serves_a_bare_hyper_service_with_incoming_bodies() {
         .layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .unscoped()
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         )
         .service_fn(move |request: http::Request<RequestBody>| {
             let runs = counter.clone();
@@ -617,9 +633,12 @@ async fn the_layer_serves_a_bare_hyper_service_with_incoming_bodies() {
 async fn an_unknown_method_to_the_layer_is_passed_through() {
     // The layer covers POST, PATCH and DELETE by default; `methods` changes that.
     let runs = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .route("/x", counting(&runs))
-        .layer(builder().methods([Method::PATCH]).build());
+    let app = Router::new().route("/x", counting(&runs)).layer(
+        builder()
+            .methods([Method::PATCH])
+            .build()
+            .expect("valid idempotency layer settings"),
+    );
     send(&app, post_req("/x", Some(KEY), "{}")).await;
     assert!(!replayed(
         &send(&app, post_req("/x", Some(KEY), "{}")).await.1

@@ -38,7 +38,8 @@ fn app_with<S: IdempotencyStore + 'static>(
             .get::<User>()
             .map(|u| Scope::new(u.0).unwrap())
     }))
-    .build();
+    .build()
+    .expect("valid idempotency layer settings");
     let r = runs.clone();
     Router::new()
         .route(
@@ -1033,6 +1034,7 @@ async fn unmatched_routes_stay_404_under_route_layer() {
                     .map(|u| Scope::new(u.0).unwrap())
             })
             .build()
+            .expect("valid idempotency layer settings")
     };
     let routes = || Router::new().route("/tasks", post(|| async { StatusCode::CREATED }));
     let route_layered = routes().route_layer(layer());
@@ -1108,7 +1110,8 @@ async fn a_principal_that_cannot_form_a_scope_is_refused_not_shared() {
         .route_layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_from_extension::<Name>()
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     let as_user = |name: &'static str| {
         let mut req = request(Method::POST, "/tasks", Some(KEY), None, "{}");
@@ -1169,7 +1172,8 @@ async fn auth_failures_are_not_stored_and_replays_carry_no_request_ids() {
         .route_layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_with(|_| Some(Scope::new("alice").unwrap()))
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     let with_token = |token: Option<&'static str>| {
         let mut req = request(Method::POST, "/tasks", Some(KEY), None, "{}");
@@ -1387,7 +1391,8 @@ async fn a_library_answer_is_marked_and_a_stored_business_409_is_not() {
                         .get::<User>()
                         .map(|u| Scope::new(u.0).unwrap())
                 })
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         );
     let order = || request(Method::POST, "/orders", Some(KEY), Some("alice"), "");
     let (status, _, body) = send(&refusing, order()).await;

@@ -40,7 +40,8 @@ fn app(gate: Arc<Semaphore>) -> Router {
         .layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_with(|_| Scope::new("alice").ok())
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         )
 }
 

@@ -56,7 +56,8 @@ async fn each_route_has_its_own_fingerprint_key_source_and_policy_on_one_engine(
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let charges = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/sent_at").unwrap());
     let by_query = layer.key_with(|parts| {
         parts
@@ -124,7 +125,8 @@ async fn one_drain_awaits_the_requests_of_every_variant() {
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::builder(MemoryStore::default())
         .unscoped()
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let variant = layer.fingerprint_with(FingerprintSpec::new().ignore_json("/x").unwrap());
     let app = Router::new().route(
         "/slow",

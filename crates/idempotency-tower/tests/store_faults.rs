@@ -10,7 +10,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use idempotency_conformance::faults::{Fault, FaultyStore, StoreOp};
-use idempotency_core::Scope;
+use idempotency_core::{ClaimMode, ConfigError, Scope};
 use idempotency_memory::MemoryStore;
 use idempotency_tower::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeSet};
 use std::sync::Arc;
@@ -42,7 +42,8 @@ fn app(
                 .map(|_| Scope::new("alice").unwrap())
         }),
     )
-    .build();
+    .build()
+    .expect("valid idempotency layer settings");
     let counted = |runs: &Arc<AtomicUsize>| {
         let runs = runs.clone();
         move || runs.fetch_add(1, Ordering::SeqCst) + 1
@@ -499,7 +500,8 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
         .scope_with(|_| Some(Scope::new("alice").unwrap()))
         .lease(Duration::from_millis(600))
         .store_timeout(Duration::from_millis(200))
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     let inner = store.inner().clone();
     let app = Router::new()
         .route(
@@ -542,21 +544,75 @@ fn a_short_lease_shrinks_an_unset_store_timeout_and_refuses_a_set_one() {
             .scope_with(|_| Some(Scope::new("alice").unwrap()))
             .lease(Duration::from_secs(6))
     };
-    let layer = builder().build();
+    let layer = builder().build().expect("valid idempotency layer settings");
     assert_eq!(
         layer.engine().config().store_timeout,
         Duration::from_secs(2)
     );
     let long = IdempotencyLayer::builder(MemoryStore::default())
         .scope_with(|_| Some(Scope::new("alice").unwrap()))
-        .build();
+        .build()
+        .expect("valid idempotency layer settings");
     assert_eq!(long.engine().config().store_timeout, Duration::from_secs(5));
-    let refused =
-        std::panic::catch_unwind(|| builder().store_timeout(Duration::from_secs(5)).build());
-    let message = refused.expect_err("a set store timeout the lease cannot hold is refused");
-    let text = message
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
-    assert!(text.contains("at least 3 store timeouts"), "{text}");
+    let refused = builder()
+        .store_timeout(Duration::from_secs(5))
+        .build()
+        .expect_err("a set store timeout the lease cannot hold is refused");
+    assert_eq!(
+        refused,
+        ConfigError::LeaseTooShort {
+            lease: Duration::from_secs(6),
+            store_timeout: Duration::from_secs(5)
+        }
+    );
+    assert!(
+        refused.to_string().contains("at least 3 store timeouts"),
+        "{refused}"
+    );
+}
+
+/// Every misconfiguration is refused by `build()`, with what was set and what to do, never
+/// answered per request: a one-transaction mode on a store that cannot hold a key in a
+/// transaction (before: a log line, then 503 for every covered request), and the speculative
+/// mode with a wait (before: it silently ran as the one-transaction mode). A built layer says
+/// which mode it runs.
+#[test]
+fn misconfigurations_are_refused_when_the_layer_is_built() {
+    let builder = || {
+        IdempotencyLayer::builder(MemoryStore::default())
+            .scope_with(|_| Some(Scope::new("alice").unwrap()))
+    };
+    for mode in [
+        ClaimMode::OneTransaction,
+        ClaimMode::OneTransactionSpeculative,
+    ] {
+        let refused = builder()
+            .claim_mode(mode)
+            .build()
+            .expect_err("the memory store cannot hold a key in a transaction");
+        assert_eq!(
+            refused,
+            ConfigError::OneTransactionUnsupported {
+                mode,
+                backend: "memory"
+            }
+        );
+        assert!(
+            refused.to_string().contains("use ClaimMode::Lease"),
+            "{refused}"
+        );
+    }
+    let waiting = builder()
+        .claim_mode(ClaimMode::OneTransactionSpeculative)
+        .in_flight_wait(Duration::from_secs(2))
+        .build()
+        .expect_err("the speculative mode cannot wait");
+    assert_eq!(
+        waiting,
+        ConfigError::SpeculativeCannotWait {
+            wait: Duration::from_secs(2)
+        }
+    );
+    let lease = builder().build().expect("the defaults are valid");
+    assert_eq!(lease.claim_mode(), ClaimMode::Lease);
 }

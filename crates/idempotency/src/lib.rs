@@ -23,11 +23,11 @@ use std::sync::Arc;
 // An HTTP application: the key, the scope and the fingerprint it covers, the claim and the
 // transaction a handler sees, and the errors it may meet.
 pub use idempotency_core::{
-    BodyCanonicalization, ClaimMode, Drain, ErrorChain, FingerprintSpec, IDEMPOTENCY_REFUSAL,
-    IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer, JsonPointerError, KeyClaim,
-    KeyError, KeyFormat, LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN, ReplayPolicy, Scope, ScopeError,
-    StoreError, Transaction, TransactionAdmission, TransactionError, TransactionSlot,
-    purge_periodically, redact_credentials,
+    BodyCanonicalization, ClaimMode, ConfigError, Drain, ErrorChain, FingerprintSpec,
+    IDEMPOTENCY_REFUSAL, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer,
+    JsonPointerError, KeyClaim, KeyError, KeyFormat, LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN,
+    ReplayPolicy, Scope, ScopeError, StoreError, Transaction, TransactionAdmission,
+    TransactionError, TransactionSlot, purge_periodically, redact_credentials,
 };
 // Jobs and messages (`Engine::once`), and driving the engine by hand (`Engine::begin`, whose
 // request is a `Fingerprint` and whose answer a `StoredResponse`).

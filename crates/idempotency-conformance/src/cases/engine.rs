@@ -19,7 +19,7 @@ fn engine<S: IdempotencyStore + ?Sized + 'static>(
     store: Arc<S>,
     config: EngineConfig,
 ) -> Engine<Arc<S>> {
-    Engine::new(store, config)
+    Engine::new(store, config).expect("the suite's engine settings are valid")
 }
 
 /// The engine over this store: the first request proceeds, its retry replays, a concurrent
@@ -169,7 +169,8 @@ pub async fn engine_keeps_the_claim_when_storing_the_response_fails<
 ) {
     use crate::faults::{Fault, FaultyStore, StoreOp};
     let faulty = FaultyStore::new(store);
-    let engine = Engine::new(faulty.clone(), EngineConfig::default().lease(LONG));
+    let engine = Engine::new(faulty.clone(), EngineConfig::default().lease(LONG))
+        .expect("the suite's engine settings are valid");
     let (s, k, fp) = (scope("deferred"), key(), fingerprint("a"));
     let guard = proceed(&engine, &s, &k, fp).await;
     faulty.set(StoreOp::Complete, Fault::Fail);

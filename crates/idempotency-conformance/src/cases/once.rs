@@ -20,7 +20,7 @@ fn never_runs<T>(
 }
 
 fn once_engine<S: IdempotencyStore + ?Sized + 'static>(store: Arc<S>) -> Engine<Arc<S>> {
-    Engine::new(store, EngineConfig::default())
+    Engine::new(store, EngineConfig::default()).expect("the suite's engine settings are valid")
 }
 
 /// The first call runs the work and every duplicate gets its value back without running it;

@@ -193,7 +193,8 @@ pub async fn tx_expired_record_is_taken_over<H: TransactionalHarness>(
             .lease(LONG)
             .retention(Duration::from_millis(400))
             .claim_mode(mode),
-    );
+    )
+    .expect("the suite's engine settings are valid");
     let (scope, key, tag) = (scope("tx_expired"), key(), uuid::Uuid::new_v4().to_string());
     let first = fresh(&short, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &first, &tag).await;
@@ -228,7 +229,8 @@ pub async fn tx_lease_commit_after_takeover_is_fenced<H: TransactionalHarness>(h
         EngineConfig::default()
             .lease(Duration::from_millis(400))
             .heartbeat(false),
-    );
+    )
+    .expect("the suite's engine settings are valid");
     let (scope, key, tag) = (scope("tx_fenced"), key(), uuid::Uuid::new_v4().to_string());
     let stale = fresh(&short, &scope, &key, "a", "a fresh key").await;
     // Busy with statements until its lease is long gone: a transaction idle for longer than a
@@ -275,7 +277,8 @@ pub async fn tx_idle_past_the_lease_commits_nothing<H: TransactionalHarness>(
             .lease(lease)
             .store_timeout(Duration::from_millis(150))
             .claim_mode(mode),
-    );
+    )
+    .expect("the suite's engine settings are valid");
     let (scope, key, tag) = (scope("tx_idle"), key(), uuid::Uuid::new_v4().to_string());
     let idle = fresh(&short, &scope, &key, "a", "a fresh key").await;
     write(&*harness, &idle, &tag).await;

@@ -8,7 +8,7 @@
 //! never twice, and never a stored response without its writes.
 //!
 //! ```ignore
-//! idempotency_conformance::transactional_suite!(make_harness(), ClaimMode::Lease, ClaimMode::OneTransaction);
+//! idempotency_conformance::transactional_suite!(make_harness(), lease, one_transaction, speculative);
 //! ```
 
 mod cases;
@@ -56,6 +56,7 @@ pub(super) fn engine<H: TransactionalHarness>(harness: &H, mode: ClaimMode) -> E
         "the transactional cases need a store whose `transactional()` is Some"
     );
     Engine::new(store, EngineConfig::default().lease(LONG).claim_mode(mode))
+        .expect("the suite's engine settings are valid")
 }
 
 pub(super) fn proceed<S: IdempotencyStore + 'static>(begin: Begin<S>, what: &str) -> Guard<S> {
@@ -192,9 +193,9 @@ pub(super) async fn runs_again_once<H: TransactionalHarness>(
 
 /// Expands the transactional cases into `#[tokio::test]`s for one store: `$make` is an
 /// expression evaluated once per case that yields a future of a [`TransactionalHarness`], and
-/// the modes the store supports follow it: `lease`, and `one_transaction` too for a store whose
-/// `supports_one_transaction()` is true (both one-transaction modes: read first, and
-/// speculative). [`TransactionalHarness::teardown`] runs after each case.
+/// the modes the store supports follow it: `lease`; `one_transaction` too for a store whose
+/// `supports_one_transaction()` is true; and `speculative` after them for one whose
+/// `supports_speculative()` is true. [`TransactionalHarness::teardown`] runs after each case.
 #[macro_export]
 macro_rules! transactional_suite {
     ($make:expr, lease) => {
@@ -207,13 +208,16 @@ macro_rules! transactional_suite {
     ($make:expr, lease, one_transaction) => {
         $crate::transactional_suite!($make, lease);
         $crate::transactional_suite!(@mode one_transaction, ::idempotency_core::ClaimMode::OneTransaction, $make);
-        $crate::transactional_suite!(@mode speculative, ::idempotency_core::ClaimMode::OneTransactionSpeculative, $make);
         mod one_transaction_modes {
             use super::*;
             $crate::transactional_suite!(@cases ::idempotency_core::ClaimMode::OneTransaction, $make,
                 tx_one_transaction_loser_rolls_back_and_replays
             );
         }
+    };
+    ($make:expr, lease, one_transaction, speculative) => {
+        $crate::transactional_suite!($make, lease, one_transaction);
+        $crate::transactional_suite!(@mode speculative, ::idempotency_core::ClaimMode::OneTransactionSpeculative, $make);
         mod speculative_only {
             use super::*;
             $crate::transactional_suite!(@cases ::idempotency_core::ClaimMode::OneTransactionSpeculative, $make,

@@ -104,10 +104,13 @@ pub enum ClaimMode {
     /// its first statement: use this mode only for handlers whose side effects are all writes
     /// in the transaction, and whose code before their first statement has no effect.
     ///
-    /// Duplicates are answered at once (a configured
-    /// [`in_flight_wait`](EngineConfig#structfield.in_flight_wait) makes the engine look the key up first,
-    /// as [`ClaimMode::OneTransaction`] does, so that it can wait). On a store that cannot queue
-    /// the lookup (sqlx, which sends `BEGIN` on its own), this is [`ClaimMode::OneTransaction`].
+    /// Duplicates are answered at once: this mode learns that a key is taken only when the
+    /// handler returns, too late to wait, so an
+    /// [`in_flight_wait`](EngineConfig#structfield.in_flight_wait) is refused when the engine is
+    /// built ([`ConfigError::SpeculativeCannotWait`](crate::ConfigError::SpeculativeCannotWait)),
+    /// and so is a store that cannot queue the lookup (sqlx, which sends `BEGIN` on its own:
+    /// [`ConfigError::SpeculativeUnsupported`](crate::ConfigError::SpeculativeUnsupported)).
+    /// [`ClaimMode::OneTransaction`] runs the same protocol with the lookup first, and can wait.
     OneTransactionSpeculative,
 }
 
@@ -192,22 +195,6 @@ impl EngineConfig {
     /// heartbeat extends it every third of its length, so a lease of three store timeouts
     /// survives one extension that hangs for a whole timeout, and is retried before it ends.
     pub const MIN_LEASE_IN_STORE_TIMEOUTS: u32 = 3;
-
-    /// Why this configuration cannot run a request safely, if it cannot.
-    pub fn check(&self) -> Result<(), String> {
-        let floor = self.store_timeout * Self::MIN_LEASE_IN_STORE_TIMEOUTS;
-        if self.heartbeat && self.claim_mode == ClaimMode::Lease && self.lease < floor {
-            return Err(format!(
-                "the lease ({:?}) must last at least {} store timeouts ({floor:?} with a store \
-                 timeout of {:?}), or one hung heartbeat lets a live request's key be taken \
-                 over: lengthen the lease or shorten the store timeout",
-                self.lease,
-                Self::MIN_LEASE_IN_STORE_TIMEOUTS,
-                self.store_timeout
-            ));
-        }
-        Ok(())
-    }
 }
 
 impl Default for EngineConfig {
@@ -302,7 +289,19 @@ mod tests {
     fn a_lease_shorter_than_three_store_timeouts_is_refused() {
         let at = |lease: u64| EngineConfig::default().lease(Duration::from_secs(lease));
         let refused = at(6).check().unwrap_err();
-        assert!(refused.contains("at least 3 store timeouts"), "{refused}");
+        assert_eq!(
+            refused,
+            super::super::ConfigError::LeaseTooShort {
+                lease: Duration::from_secs(6),
+                store_timeout: Duration::from_secs(5)
+            }
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("at least 3 store timeouts (15s"),
+            "{refused}"
+        );
         assert!(at(14).check().is_err());
         assert!(at(15).check().is_ok());
         assert!(at(60).check().is_ok());

@@ -11,6 +11,7 @@
 mod admission;
 mod completion;
 mod config;
+mod config_error;
 mod guard;
 mod heartbeat;
 pub(crate) mod in_flight;
@@ -24,6 +25,7 @@ mod store_metrics;
 mod timer;
 
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy, TransactionAdmission};
+pub use config_error::ConfigError;
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use key_claim::KeyClaim;
 pub use limit::ScopeLimit;
@@ -163,22 +165,16 @@ pub(crate) fn judge(record: Record, fingerprint: &Fingerprint) -> Judged {
 }
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
-    /// An engine over `store` with `config`.
-    ///
-    /// # Panics
-    ///
-    /// When the heartbeat is on and the lease is shorter than three store timeouts
-    /// ([`EngineConfig::MIN_LEASE_IN_STORE_TIMEOUTS`]): one extension hung for a whole store
-    /// timeout would then let a live request's lease run out, and a retry take its key over.
-    /// A configuration error, like Tokio's builders refuse theirs.
-    pub fn new(store: S, config: EngineConfig) -> Self {
-        if let Err(why) = config.check() {
-            panic!("invalid idempotency engine configuration: {why}");
-        }
+    /// An engine over `store` with `config`, or why `config` cannot run on `store`
+    /// ([`EngineConfig::check_for`]): a lease that one hung heartbeat could outlast, a
+    /// one-transaction mode on a store that cannot hold a key in a transaction, the speculative
+    /// mode where it cannot speculate. Refused here, once, never per request.
+    pub fn new(store: S, config: EngineConfig) -> Result<Self, ConfigError> {
+        config.check_for(&store)?;
         let metrics = store_metrics::StoreMetrics::new(store.backend());
         metrics.announce();
         Completion::announce();
-        Engine {
+        Ok(Engine {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
                 metrics,
@@ -195,7 +191,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 store,
                 tasks: TaskTracker::new(),
             }),
-        }
+        })
     }
 
     /// The store.
@@ -206,6 +202,12 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// The settings.
     pub fn config(&self) -> &EngineConfig {
         &self.shared.config
+    }
+
+    /// How this engine's requests hold their keys: the mode it was built with, which
+    /// [`Engine::new`] checked the store runs as it says.
+    pub fn claim_mode(&self) -> ClaimMode {
+        self.shared.config.claim_mode
     }
 
     /// Counts `future` as this engine's work until it finishes, wherever it runs: a server's

@@ -47,10 +47,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let deadline = started + shared.config.in_flight_wait;
         let mut poll = FIRST_POLL;
         let mut seen_running: Option<Duration> = None;
-        // Speculation answers duplicates after the handler, so a configured wait for them
-        // needs the lookup first.
-        let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative
-            && shared.config.in_flight_wait.is_zero();
+        // `Engine::new` refused the speculative mode with a wait, or on a store that cannot
+        // queue the lookup.
+        let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative;
         loop {
             // Its place among the transactions admitted at once, before any connection is
             // taken; without a free one, a stored answer is read first (it needs none).

@@ -58,7 +58,11 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     /// trips of a bare `BEGIN; ...; COMMIT`, nothing left behind by a crash. Use it only for
     /// routes whose handlers' side effects are **all** writes in that transaction: whatever a
     /// handler does outside it (an HTTP call, an email, a message) is not made once by it.
-    /// A store without the mode answers every covered request 503 and logs why.
+    /// On a store without the mode, [`build`](IdempotencyLayerBuilder::build) returns
+    /// [`ConfigError::OneTransactionUnsupported`](idempotency_core::ConfigError::OneTransactionUnsupported)
+    /// (and [`ConfigError::SpeculativeUnsupported`](idempotency_core::ConfigError::SpeculativeUnsupported)
+    /// for [`ClaimMode::OneTransactionSpeculative`] on one that cannot speculate, sqlx);
+    /// [`IdempotencyLayer::claim_mode`](crate::IdempotencyLayer::claim_mode) says which mode a built layer runs.
     pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
         self.engine.claim_mode = mode;
         self
@@ -209,6 +213,7 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     ///
     /// ```
     /// # use idempotency_tower::IdempotencyLayer;
+    /// # fn main() -> Result<(), idempotency_core::ConfigError> {
     /// # let builder = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default()).unscoped();
     /// // The key in a query parameter: POST /orders?request_id=...
     /// let layer = builder
@@ -217,7 +222,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     ///             pair.strip_prefix("request_id=").map(str::to_owned)
     ///         })
     ///     })
-    ///     .build();
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
     /// ```
     pub fn key_with(
         mut self,
@@ -251,6 +257,7 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     ///
     /// ```
     /// # use idempotency_tower::{IdempotencyLayer, Refusal};
+    /// # fn main() -> Result<(), idempotency_core::ConfigError> {
     /// # let builder = IdempotencyLayer::builder(idempotency_memory::MemoryStore::default()).unscoped();
     /// let layer = builder
     ///     .render_refusals(|refusal: &Refusal| {
@@ -260,7 +267,8 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     ///             .body(bytes::Bytes::from(format!("{}: {}", refusal.code(), refusal.detail())))
     ///             .unwrap_or_default()
     ///     })
-    ///     .build();
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
     /// ```
     pub fn render_refusals(
         mut self,

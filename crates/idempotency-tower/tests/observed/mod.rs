@@ -44,6 +44,7 @@ pub(crate) fn app() -> Router {
         .layer(
             IdempotencyLayer::builder(MemoryStore::default())
                 .scope_from_extension::<User>()
-                .build(),
+                .build()
+                .expect("valid idempotency layer settings"),
         )
 }
