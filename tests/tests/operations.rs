@@ -77,17 +77,17 @@ async fn metrics_show_the_library_series_after_one_request() {
         Some(1.0),
         "{metrics}"
     );
-    // Nothing held in flight once the request is answered; the store's footprint is read at
-    // the scrape: the one record the request stored.
+    // Nothing held in flight once the request is answered, in the series of the demo's one
+    // engine; the store's footprint is read at the scrape: the one record the request stored.
     assert_eq!(
-        sample(&metrics, "idempotency_keys_in_flight"),
+        sample(&metrics, r#"idempotency_keys_in_flight{engine="memory-1"}"#),
         Some(0.0),
         "{metrics}"
     );
     assert_eq!(
         sample(
             &metrics,
-            "idempotency_oldest_key_in_flight_start_timestamp_seconds"
+            r#"idempotency_oldest_key_in_flight_start_timestamp_seconds{engine="memory-1"}"#
         ),
         Some(0.0),
         "{metrics}"

@@ -2,7 +2,7 @@
 //! while requests hold their keys: the count follows the requests, the oldest one's start moves
 //! only when the oldest finishes, a replay holds nothing, and a handler's failure (its key
 //! released) or its panic (its guard dropped) lets the key go from the gauges too. Its own test
-//! binary: the registry behind the gauges is the process's.
+//! binary: the exporter is the process's recorder.
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 /// Handlers wait for a permit: each permit added lets the longest-waiting one finish.
-fn app(gate: Arc<Semaphore>) -> Router {
+fn holding_app(gate: Arc<Semaphore>) -> Router {
     Router::new()
         .route(
             "/hold",
@@ -52,17 +52,36 @@ fn request(key: &str, body: &'static str) -> Request<Body> {
         .unwrap()
 }
 
-/// (keys in flight, oldest start) as the exporter renders them.
-fn scrape(handle: &PrometheusHandle) -> (f64, f64) {
+/// The values of `name`'s series, one per engine, as the exporter renders them.
+fn exported(handle: &PrometheusHandle, name: &str) -> Vec<f64> {
     let text = handle.render();
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} not exported: {text}"))
-    };
+    let values: Vec<f64> = text
+        .lines()
+        .filter_map(|line| {
+            let labelled = line.strip_prefix(name)?.strip_prefix("{engine=\"")?;
+            labelled.split_once("\"} ")?.1.parse().ok()
+        })
+        .collect();
+    assert!(!values.is_empty(), "{name} not exported by engine: {text}");
+    values
+}
+
+/// (keys in flight, oldest start), every engine of the process together the way a dashboard
+/// reads them: the counts summed, the oldest of the starts above 0.
+fn scrape(handle: &PrometheusHandle) -> (f64, f64) {
+    let oldest = exported(handle, OLDEST_KEY_IN_FLIGHT_METRIC)
+        .into_iter()
+        .filter(|start| *start > 0.0)
+        .fold(0.0, |oldest: f64, start| {
+            if oldest == 0.0 {
+                start
+            } else {
+                oldest.min(start)
+            }
+        });
     (
-        value(KEYS_IN_FLIGHT_METRIC),
-        value(OLDEST_KEY_IN_FLIGHT_METRIC),
+        exported(handle, KEYS_IN_FLIGHT_METRIC).into_iter().sum(),
+        oldest,
     )
 }
 
@@ -91,7 +110,7 @@ async fn the_gauges_follow_the_keys_this_process_holds() {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).unwrap();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(gate.clone());
+    let app = holding_app(gate.clone());
     assert_eq!(scrape(&handle), (0.0, 0.0), "exported before any request");
 
     let before = unix_now();
@@ -128,5 +147,17 @@ async fn the_gauges_follow_the_keys_this_process_holds() {
     let failed = failing.await.unwrap().unwrap();
     assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let _ = panicking.await;
+    assert_eq!(count_becomes(&handle, 0.0).await, (0.0, 0.0));
+
+    // A second layer is an engine of its own: each key shows in its engine's series, and the
+    // sum over them is the process's.
+    let other = holding_app(gate.clone());
+    let here = tokio::spawn(app.clone().oneshot(request("here", "a")));
+    let there = tokio::spawn(other.oneshot(request("there", "a")));
+    count_becomes(&handle, 2.0).await;
+    assert_eq!(exported(&handle, KEYS_IN_FLIGHT_METRIC), vec![1.0, 1.0]);
+    gate.add_permits(2);
+    assert_eq!(here.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(there.await.unwrap().unwrap().status(), StatusCode::CREATED);
     assert_eq!(count_becomes(&handle, 0.0).await, (0.0, 0.0));
 }

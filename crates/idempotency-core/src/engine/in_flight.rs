@@ -1,52 +1,49 @@
-//! The keys this process holds in flight, for the person on call: how many, and since when the
-//! oldest one (a key held far longer than requests take is a handler stuck while holding it).
+//! The keys an engine's requests hold in flight, for the person on call: how many, and since
+//! when the oldest one (a key held far longer than requests take is a handler stuck while
+//! holding it).
 //!
-//! One registry per process, not per engine: the two gauges have no labels, and every engine
-//! of the process updates the same two series. A request enters when it takes its key (a claim
-//! in the lease mode, its transaction in the one-transaction modes) and leaves when its outcome
-//! is settled or its guard is dropped: an uncontended lock and a map insert or removal, and a
-//! gauge update, per request; the oldest one's start is written only when it changes.
+//! One registry per engine, so that engines never wait on each other: both gauges carry an
+//! `engine` label (`<backend>-<n>`, `n` counting the engines this process built), and a scrape
+//! aggregates them (`sum by (instance)` for the count, `min by (instance)` over the starts above 0
+//! for the oldest). A request enters when it takes its key (a claim in the lease mode, its
+//! transaction in the one-transaction modes) and leaves when its outcome is settled or its guard
+//! is dropped: the engine's own lock (uncontended unless two of its requests enter or leave at
+//! the same instant), a map insert or removal and a gauge update per request; the oldest one's
+//! start is written only when it changes. When the engine is dropped (every request of it has
+//! left by then) both gauges are set to 0.
 
 use metrics::Gauge;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Gauge: the keys this process's requests hold now.
+/// Gauge, by `engine`: the keys the engine's requests hold now.
 pub const KEYS_IN_FLIGHT_METRIC: &str = "idempotency_keys_in_flight";
 
-/// Gauge: when the oldest of the keys this process holds now was taken (Unix time, seconds);
-/// 0 while it holds none. Its age is `time() - idempotency_oldest_key_in_flight_start_timestamp_seconds`
-/// where the gauge is above 0.
+/// Gauge, by `engine`: when the oldest of the keys the engine's requests hold now was taken
+/// (Unix time, seconds); 0 while it holds none. The process's oldest key's age is
+/// `time() - min by (instance) (idempotency_oldest_key_in_flight_start_timestamp_seconds > 0)`.
 pub const OLDEST_KEY_IN_FLIGHT_METRIC: &str =
     "idempotency_oldest_key_in_flight_start_timestamp_seconds";
 
-pub(crate) struct Registry {
+/// The label that tells one engine's in-flight gauges from another's in the same process.
+pub const ENGINE_LABEL: &str = "engine";
+
+/// How many engines this process has built: the `n` of each one's `engine` label.
+static ENGINES_BUILT: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Default)]
+struct Registry {
     next: u64,
     /// Entry number (taken in order, so the first is the oldest) to its start, Unix seconds.
     started: BTreeMap<u64, f64>,
 }
 
 impl Registry {
-    const fn new() -> Mutex<Self> {
-        Mutex::new(Registry {
-            next: 0,
-            started: BTreeMap::new(),
-        })
-    }
-
     fn oldest(&self) -> f64 {
         self.started.values().next().copied().unwrap_or(0.0)
     }
-}
-
-/// The process's registry.
-static PROCESS: Mutex<Registry> = Registry::new();
-
-fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
-    // The registry is consistent between statements: a panic elsewhere cannot leave it half
-    // written, so a poisoned lock is still good to use.
-    registry.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn unix_now() -> f64 {
@@ -55,64 +52,87 @@ fn unix_now() -> f64 {
         .map_or(0.0, |since| since.as_secs_f64())
 }
 
-/// One request's place in the registry; handed back with [`InFlightGauges::leave`].
+/// One request's place in its engine's registry; handed back with [`InFlightGauges::leave`].
 #[derive(Debug)]
 pub(crate) struct InFlight(u64);
 
-/// An engine's handles on the two gauges (resolved once, when the engine is built, so a request
-/// does not look them up).
+/// One engine's registry of the keys its requests hold, and its handles on the two gauges
+/// (resolved once, when the engine is built, so a request does not look them up).
 pub(crate) struct InFlightGauges {
-    registry: &'static Mutex<Registry>,
+    /// The `engine` label's value.
+    engine: String,
+    registry: Mutex<Registry>,
     count: Gauge,
     oldest: Gauge,
 }
 
 impl InFlightGauges {
-    /// The handles, and both series exported now (at what the registry holds), so that an alert
-    /// on them has a series to watch before the first request.
-    pub(crate) fn announce() -> Self {
-        Self::over(&PROCESS)
+    /// The registry of a new engine over a store named `backend`, with both series exported
+    /// now at 0, so that an alert on them has a series to watch before the first request.
+    pub(crate) fn announce(backend: &'static str) -> Self {
+        let n = ENGINES_BUILT.fetch_add(1, Ordering::Relaxed) + 1;
+        let engine = format!("{backend}-{n}");
+        let gauges = InFlightGauges {
+            registry: Mutex::new(Registry::default()),
+            count: metrics::gauge!(KEYS_IN_FLIGHT_METRIC, ENGINE_LABEL => engine.clone()),
+            oldest: metrics::gauge!(OLDEST_KEY_IN_FLIGHT_METRIC, ENGINE_LABEL => engine.clone()),
+            engine,
+        };
+        gauges.count.set(0.0);
+        gauges.oldest.set(0.0);
+        gauges
     }
 
-    fn over(registry: &'static Mutex<Registry>) -> Self {
-        let gauges = InFlightGauges {
-            registry,
-            count: metrics::gauge!(KEYS_IN_FLIGHT_METRIC),
-            oldest: metrics::gauge!(OLDEST_KEY_IN_FLIGHT_METRIC),
-        };
-        let registry = lock(registry);
-        gauges.count.set(registry.started.len() as f64);
-        gauges.oldest.set(registry.oldest());
-        drop(registry);
-        gauges
+    /// The `engine` label's value on this engine's gauges.
+    pub(crate) fn engine_label(&self) -> &str {
+        &self.engine
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        // The registry is consistent between statements: a panic elsewhere cannot leave it half
+        // written, so a poisoned lock is still good to use.
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A request took its key now.
     pub(crate) fn enter(&self) -> InFlight {
         let now = unix_now();
-        let mut registry = lock(self.registry);
+        let mut registry = self.lock();
         let id = registry.next;
         registry.next += 1;
         let first = registry.started.is_empty();
         registry.started.insert(id, now);
-        self.count.increment(1.0);
         if first {
+            // Under the lock: two requests' writes of the oldest start land in the order of
+            // their changes to the registry.
             self.oldest.set(now);
         }
+        drop(registry);
+        self.count.increment(1.0);
         InFlight(id)
     }
 
     /// The request of `entry` no longer holds its key.
     pub(crate) fn leave(&self, entry: InFlight) {
-        let mut registry = lock(self.registry);
+        let mut registry = self.lock();
         let was_oldest = registry.started.keys().next() == Some(&entry.0);
         if registry.started.remove(&entry.0).is_none() {
             return;
         }
-        self.count.decrement(1.0);
         if was_oldest {
             self.oldest.set(registry.oldest());
         }
+        drop(registry);
+        self.count.decrement(1.0);
+    }
+}
+
+impl Drop for InFlightGauges {
+    fn drop(&mut self) {
+        // Every guard holds the engine, so none is left: the engine's series read "nothing
+        // held" rather than what they last said.
+        self.count.set(0.0);
+        self.oldest.set(0.0);
     }
 }
 
@@ -122,36 +142,52 @@ mod tests {
     use crate::test_store::metrics_by_series;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    fn gauge(seen: &BTreeMap<String, DebugValue>, name: &str) -> f64 {
-        match seen.get(&format!("{name}{{}}")) {
-            Some(DebugValue::Gauge(value)) => value.into_inner(),
+    /// The value of `name{engine}` in `seen`, if exported.
+    fn series(seen: &BTreeMap<String, DebugValue>, name: &str, engine: &str) -> Option<f64> {
+        match seen.get(&format!("{name}{{{ENGINE_LABEL}={engine}}}")) {
+            Some(DebugValue::Gauge(value)) => Some(value.into_inner()),
+            None => None,
             other => panic!("{name}: {other:?} in {seen:?}"),
         }
     }
 
     /// Three requests in flight, then they leave, the oldest second: the count follows, and
-    /// the oldest start moves only when the oldest leaves, to the next one's, then to 0.
+    /// the oldest start moves only when the oldest leaves, to the next one's, then to 0. A second
+    /// engine's requests change only its own series, and a dropped engine's series read 0.
     /// (Reading the debugging recorder swaps its gauges to 0: each read shows the count's
     /// change since the last read, and the start set since then, 0 when none was.)
     #[test]
-    fn the_gauges_follow_the_keys_in_flight_and_the_oldest_start() {
+    fn each_engine_has_gauges_of_its_own_that_follow_its_keys_and_its_oldest_start() {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         let _local = metrics::set_default_local_recorder(&recorder);
-        let registry: &'static Mutex<Registry> = Box::leak(Box::new(Registry::new()));
-        let gauges = InFlightGauges::over(registry);
-        let read = || {
+        let gauges = InFlightGauges::announce("memory");
+        let engine = gauges.engine_label().to_owned();
+        let other = InFlightGauges::announce("memory");
+        let other_engine = other.engine_label().to_owned();
+        assert!(engine.starts_with("memory-"), "{engine}");
+        assert_ne!(engine, other_engine, "two engines, two labels");
+        let read = |engine: &str| {
             let seen = metrics_by_series(&snapshotter);
             (
-                gauge(&seen, KEYS_IN_FLIGHT_METRIC),
-                gauge(&seen, OLDEST_KEY_IN_FLIGHT_METRIC),
+                series(&seen, KEYS_IN_FLIGHT_METRIC, engine).unwrap_or(0.0),
+                series(&seen, OLDEST_KEY_IN_FLIGHT_METRIC, engine).unwrap_or(0.0),
             )
         };
-        assert_eq!(read(), (0.0, 0.0), "exported at zero before any request");
+        let seen = metrics_by_series(&snapshotter);
+        for name in [KEYS_IN_FLIGHT_METRIC, OLDEST_KEY_IN_FLIGHT_METRIC] {
+            for engine in [&engine, &other_engine] {
+                assert_eq!(
+                    series(&seen, name, engine),
+                    Some(0.0),
+                    "{name} of {engine} exported at zero before any request: {seen:?}"
+                );
+            }
+        }
 
         let before = unix_now();
         let first = gauges.enter();
-        let (count, first_start) = read();
+        let (count, first_start) = read(&engine);
         assert_eq!(count, 1.0);
         assert!(first_start >= before && first_start <= unix_now());
 
@@ -159,24 +195,54 @@ mod tests {
         let second = gauges.enter();
         let third = gauges.enter();
         assert_eq!(
-            read(),
+            read(&engine),
             (2.0, 0.0),
             "newer keys leave the oldest start alone"
         );
-        assert_eq!(lock(registry).oldest(), first_start);
+        assert_eq!(gauges.lock().oldest(), first_start);
+
+        let elsewhere = other.enter();
+        let seen = metrics_by_series(&snapshotter);
+        assert_eq!(series(&seen, KEYS_IN_FLIGHT_METRIC, &engine), Some(0.0));
+        assert_eq!(
+            series(&seen, KEYS_IN_FLIGHT_METRIC, &other_engine),
+            Some(1.0)
+        );
+        assert!(
+            series(&seen, OLDEST_KEY_IN_FLIGHT_METRIC, &other_engine).unwrap_or(0.0) > first_start,
+            "the other engine's oldest is its own request's: {seen:?}"
+        );
+        other.leave(elsewhere);
+        assert!(other.lock().started.is_empty());
+        assert_eq!(
+            gauges.lock().started.len(),
+            3,
+            "the first engine's keep theirs"
+        );
 
         gauges.leave(third);
-        assert_eq!(read(), (-1.0, 0.0), "neither is the oldest's");
+        assert_eq!(read(&engine), (-1.0, 0.0), "neither is the oldest's");
         gauges.leave(first);
-        let (count, second_start) = read();
+        let (count, second_start) = read(&engine);
         assert_eq!(count, -1.0);
         assert!(
             second_start >= first_start + 0.015,
             "the second request's start: {second_start} after {first_start}"
         );
         gauges.leave(second);
-        assert_eq!(read(), (-1.0, 0.0));
-        assert_eq!(lock(registry).oldest(), 0.0);
-        assert!(lock(registry).started.is_empty());
+        assert_eq!(read(&engine), (-1.0, 0.0));
+        assert_eq!(gauges.lock().oldest(), 0.0);
+        assert!(gauges.lock().started.is_empty());
+
+        // Dropped while its registry says a key is held (it cannot be, with guards holding the
+        // engine; the registry is made to say so here): both series are set to 0 on the way
+        // out, not left at the last request's.
+        let _held = gauges.enter();
+        drop(gauges);
+        assert_eq!(
+            read(&engine),
+            (0.0, 0.0),
+            "a dropped engine's series read 0"
+        );
     }
 }

@@ -135,6 +135,10 @@ impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
             .field("store", &self.shared.store.backend())
+            .field(
+                "metrics_engine_label",
+                &self.shared.in_flight.engine_label(),
+            )
             .field("config", &self.shared.config)
             .finish()
     }
@@ -178,7 +182,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
                 metrics,
-                in_flight: in_flight::InFlightGauges::announce(),
+                in_flight: in_flight::InFlightGauges::announce(store.backend()),
                 limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
                 admission: match config.transaction_admission {
                     TransactionAdmission::Adaptive => store
