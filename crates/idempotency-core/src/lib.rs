@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 //!
+mod derived_key;
 mod engine;
 mod error;
 mod fingerprint;
@@ -17,6 +18,7 @@ pub mod store;
 mod test_store;
 mod transaction;
 
+pub use derived_key::DerivedKey;
 pub use engine::{
     Begin, ClaimMode, Completion, ConfigError, Drain, Engine, EngineConfig, Guard, KeyClaim,
     ReplayPolicy, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,

@@ -15,6 +15,11 @@ pub struct HttpGuide;
 #[doc = include_str!("../../../docs/handlers.md")]
 pub struct HandlersGuide;
 
+/// `docs/calling-other-services.md` (keys for a handler's downstream calls), compiled as doc tests.
+#[cfg(all(doctest, feature = "axum", feature = "memory"))]
+#[doc = include_str!("../../../docs/calling-other-services.md")]
+pub struct CallingOtherServicesGuide;
+
 use std::sync::Arc;
 
 // Re-exported by name and by audience, never by glob: a name added to core reaches the
@@ -23,7 +28,7 @@ use std::sync::Arc;
 // An HTTP application: the key, the scope and the fingerprint it covers, the claim and the
 // transaction a handler sees, and the errors it may meet.
 pub use idempotency_core::{
-    BodyCanonicalization, ClaimMode, ConfigError, Drain, ErrorChain, FingerprintSpec,
+    BodyCanonicalization, ClaimMode, ConfigError, DerivedKey, Drain, ErrorChain, FingerprintSpec,
     IDEMPOTENCY_REFUSAL, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyStore, JsonPointer,
     JsonPointerError, KeyClaim, KeyError, KeyFormat, LeaseToken, MAX_KEY_LEN, MAX_SCOPE_LEN,
     ReplayPolicy, Scope, ScopeError, StoreError, Transaction, TransactionAdmission,

@@ -1,5 +1,6 @@
 //! The claim a running request holds, as its handler sees it.
 
+use crate::derived_key::DerivedKey;
 use crate::{IdempotencyKey, LeaseToken, Scope};
 use std::fmt;
 use std::sync::Arc;
@@ -83,6 +84,22 @@ impl KeyClaim {
     /// The client's idempotency key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.0.key
+    }
+
+    /// The idempotency key to send with the call of step `step` to another service (a payment
+    /// provider, a mailer): the same on every run of this request — a retry, a takeover after a
+    /// crash or a lapsed lease, another instance — so the other service replays instead of
+    /// acting twice; another one for another step, scope or key; and not the client's key
+    /// ([`DerivedKey`]).
+    ///
+    /// ```
+    /// # async fn charge(amount: u64, key: &str) -> Result<(), ()> { Ok(()) }
+    /// # async fn handler(claim: idempotency_core::KeyClaim) -> Result<(), ()> {
+    /// charge(100, claim.derive_key("charge").as_str()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn derive_key(&self, step: &str) -> DerivedKey {
+        DerivedKey::derive(&self.0.scope, &self.0.key, step)
     }
 
     /// The fencing token of this claim: every change of the record checks it, and a downstream
