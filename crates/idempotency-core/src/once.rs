@@ -164,14 +164,14 @@ impl<E> OnceError<E> {
 /// What the work of [`Engine::once`] is given: its claim, and on a transactional store the
 /// transaction its writes commit in together with its value.
 pub struct OnceContext {
-    lease: KeyClaim,
+    claim: KeyClaim,
     transaction: Option<TransactionSlot>,
 }
 
 impl fmt::Debug for OnceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OnceContext")
-            .field("lease", &self.lease)
+            .field("claim", &self.claim)
             .field("transaction", &self.transaction)
             .finish()
     }
@@ -180,7 +180,7 @@ impl fmt::Debug for OnceContext {
 impl OnceContext {
     /// The claim: scope, key, fencing token, and [`KeyClaim::lost`] to stop early.
     pub fn claim(&self) -> &KeyClaim {
-        &self.lease
+        &self.claim
     }
 
     /// The slot of the store's transaction, for code written against [`TransactionSlot`] (the
@@ -284,7 +284,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             Err(error) => return Err(OnceError::Store(error)),
         };
         let context = OnceContext {
-            lease: guard.claim().clone(),
+            claim: guard.claim().clone(),
             transaction: guard.transaction().cloned(),
         };
         // A released key may turn out another's (the speculative mode settles it only now):

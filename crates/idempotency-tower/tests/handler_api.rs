@@ -77,18 +77,18 @@ async fn a_handler_extracts_its_lease_and_an_uncovered_one_gets_none() {
     let app = Router::new()
         .route(
             "/pay",
-            post(|Claim(lease): Claim| async move {
+            post(|Claim(claim): Claim| async move {
                 format!(
                     "{}|{}|{}|{}",
-                    lease.key().as_str(),
-                    lease.scope().as_str(),
-                    lease.token().as_uuid(),
-                    lease.is_held()
+                    claim.key().as_str(),
+                    claim.scope().as_str(),
+                    claim.token().as_uuid(),
+                    claim.is_held()
                 )
             })
-            .get(|lease: Option<Claim>| async move { format!("lease: {}", lease.is_some()) }),
+            .get(|claim: Option<Claim>| async move { format!("lease: {}", claim.is_some()) }),
         )
-        .route("/needs-lease", get(|_lease: Claim| async { "never" }))
+        .route("/needs-lease", get(|_claim: Claim| async { "never" }))
         .layer(builder().build().expect("valid idempotency layer settings"));
 
     let (status, _, body) = send(&app, post_req("/pay", Some(KEY), "{}")).await;
@@ -569,12 +569,12 @@ async fn the_layer_serves_a_bare_hyper_service_with_incoming_bodies() {
         .service_fn(move |request: http::Request<RequestBody>| {
             let runs = counter.clone();
             async move {
-                let lease = request.extensions().get::<KeyClaim>().cloned();
+                let claim = request.extensions().get::<KeyClaim>().cloned();
                 let body = request.into_body().collect().await?.to_bytes();
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 let text = format!(
                     "run {n} key {} body {}",
-                    lease
+                    claim
                         .map(|l| l.key().as_str().to_owned())
                         .unwrap_or_default(),
                     String::from_utf8_lossy(&body)

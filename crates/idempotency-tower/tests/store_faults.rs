@@ -506,17 +506,17 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
     let app = Router::new()
         .route(
             "/watch",
-            post(move |Extension(lease): Extension<KeyClaim>| async move {
-                assert_eq!(lease.key().as_str(), KEY);
-                assert!(lease.is_held());
+            post(move |Extension(claim): Extension<KeyClaim>| async move {
+                assert_eq!(claim.key().as_str(), KEY);
+                assert!(claim.is_held());
                 let by_token = inner
-                    .extend(lease.scope(), lease.key(), lease.token(), Duration::from_millis(600))
+                    .extend(claim.scope(), claim.key(), claim.token(), Duration::from_millis(600))
                     .await
                     .unwrap();
                 let started = Instant::now();
                 tokio::select! {
-                    () = lease.lost() => {
-                        assert!(!lease.is_held());
+                    () = claim.lost() => {
+                        assert!(!claim.is_held());
                         format!("{by_token:?}; lost after {} ms", started.elapsed().as_millis() / 100 * 100)
                     }
                     () = tokio::time::sleep(Duration::from_secs(5)) => "kept".to_owned(),
@@ -613,6 +613,6 @@ fn misconfigurations_are_refused_when_the_layer_is_built() {
             wait: Duration::from_secs(2)
         }
     );
-    let lease = builder().build().expect("the defaults are valid");
-    assert_eq!(lease.claim_mode(), ClaimMode::Lease);
+    let layer = builder().build().expect("the defaults are valid");
+    assert_eq!(layer.claim_mode(), ClaimMode::Lease);
 }

@@ -1,7 +1,6 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store (`guard/commit.rs`: ending the request's transaction).
 
-use super::Shared;
 use super::admission::{Admitted, Place};
 use super::heartbeat::Registration;
 use super::in_flight::InFlight;
@@ -9,6 +8,7 @@ use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::{retry_until, spawn_release};
+use super::shared::Shared;
 use crate::store::StoreOp;
 use crate::store::{FenceOutcome, LookupSignal, StoreTransaction};
 use crate::transaction::{Taken, TransactionSlot};
@@ -29,7 +29,7 @@ pub use super::completion::{Completion, RollbackCause, Superseded};
 /// its transaction and releases the key in the background; the lease is the last resort.
 pub struct Guard<S: IdempotencyStore + 'static> {
     shared: Arc<Shared<S>>,
-    lease: KeyClaim,
+    claim: KeyClaim,
     /// Its place in the heartbeat schedule, until it stops.
     heartbeat: Option<Registration>,
     /// Registering started the engine's heartbeat driver on this thread.
@@ -78,16 +78,16 @@ impl Hold {
 impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("lease", &self.lease)
+            .field("claim", &self.claim)
             .field("transaction", &self.transaction)
             .finish()
     }
 }
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
-    pub(crate) fn new(shared: Arc<Shared<S>>, lease: KeyClaim) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<S>>, claim: KeyClaim) -> Self {
         let (heartbeat, started_driver) = if shared.config.heartbeat {
-            let (registration, started) = shared.heartbeats.register(&shared, &lease);
+            let (registration, started) = shared.heartbeats.register(&shared, &claim);
             (Some(registration), started)
         } else {
             (None, false)
@@ -96,14 +96,14 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         let transaction = shared.store.transactional().is_some().then(|| {
             TransactionSlot::new(Box::new(TxOpener {
                 shared: Arc::clone(&shared),
-                lease: lease.clone(),
+                claim: claim.clone(),
                 admitted: admitted.clone(),
             }))
         });
         let in_flight = Some(shared.in_flight.enter());
         Guard {
             shared,
-            lease,
+            claim,
             heartbeat,
             started_driver,
             transaction,
@@ -121,7 +121,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// the key's lookup in `tx` is still on its way ([`StoreTransaction::settle`]).
     pub(crate) fn in_transaction(
         shared: Arc<Shared<S>>,
-        lease: KeyClaim,
+        claim: KeyClaim,
         fingerprint: Fingerprint,
         tx: Box<dyn StoreTransaction>,
         speculative: bool,
@@ -136,7 +136,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         Guard {
             lookup,
             shared,
-            lease,
+            claim,
             heartbeat: None,
             started_driver: false,
             transaction: Some(TransactionSlot::opened(tx)),
@@ -185,7 +185,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     /// The claim as the handler sees it: key, scope, fencing token, whether it is still held.
     pub fn claim(&self) -> &KeyClaim {
-        &self.lease
+        &self.claim
     }
 
     /// The transaction the handler may write in, when the store is transactional
@@ -261,7 +261,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     ) -> Completion {
         // The heartbeat goes on until the response is stored: a slow store call must not let
         // the lease lapse while it runs.
-        self.lease.completing();
+        self.claim.completing();
         let discard = self
             .transaction
             .as_ref()
@@ -356,7 +356,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// the background.
     async fn store(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
-        match shared.complete(&self.lease, &response).await {
+        match shared.complete(&self.claim, &response).await {
             Ok(FenceOutcome::Applied) => Completion::Stored,
             Ok(FenceOutcome::Stale) => self.lost("the response was not stored"),
             Err(error) => {
@@ -374,11 +374,11 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     fn spawn_deferred_store(&self, response: StoredResponse) {
         let shared = Arc::clone(&self.shared);
-        let lease = self.lease.clone();
-        let until = lease.deadline();
+        let claim = self.claim.clone();
+        let until = claim.deadline();
         let tasks = shared.tasks.clone();
         tasks.spawn(async move {
-            let stored = retry_until(until, || shared.complete(&lease, &response)).await;
+            let stored = retry_until(until, || shared.complete(&claim, &response)).await;
             let backend = shared.store.backend();
             let label = match stored {
                 Ok(FenceOutcome::Applied) => {
@@ -407,7 +407,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     fn lost(&self, what: &'static str) -> Completion {
-        self.lease.mark_lost();
+        self.claim.mark_lost();
         tracing::warn!(
             backend = self.shared.store.backend(),
             what,
@@ -425,7 +425,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     fn stop_heartbeat(&mut self) {
         if let Some(registration) = self.heartbeat.take() {
-            self.lease.stop_heartbeat();
+            self.claim.stop_heartbeat();
             self.shared.heartbeats.unregister(registration);
         }
     }
@@ -443,9 +443,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             (&completion, self.charge.take(), &self.shared.limiter)
         {
             // Another request's key (a replay, a mismatch, a duplicate): not a new key.
-            limiter.refund(self.lease.scope(), charge);
+            limiter.refund(self.claim.scope(), charge);
         }
-        self.lease.finish();
+        self.claim.finish();
         completion.count();
         completion
     }
@@ -458,7 +458,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
         if !self.holding {
             return;
         }
-        self.lease.finish();
+        self.claim.finish();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 "guard dropped outside a Tokio runtime: the key frees when its lease runs out"
@@ -466,7 +466,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
             return;
         };
         let shared = Arc::clone(&self.shared);
-        let lease = self.lease.clone();
+        let claim = self.claim.clone();
         let transaction = self.transaction.take();
         let release = !self.hold.is_transaction();
         let tasks = shared.tasks.clone();
@@ -482,7 +482,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
                     tracing::warn!(error = %ErrorChain(&error), "could not roll back a dropped request's transaction; it ends with its connection");
                 }
                 if release {
-                    spawn_release(shared, lease, "dropped guard");
+                    spawn_release(shared, claim, "dropped guard");
                 }
             },
             &runtime,

@@ -25,8 +25,8 @@
 //! from another thread goes through the runtime's global queue and unparks an idle worker,
 //! which runs the heartbeat and takes the driver when it next parks.
 
-use super::Shared;
 use super::key_claim::KeyClaim;
+use super::shared::Shared;
 use super::timer::sleep_until;
 use crate::store::FenceOutcome;
 use crate::{ErrorChain, IdempotencyStore};
@@ -48,7 +48,7 @@ pub(crate) struct Registration {
 struct Waiting {
     due: Instant,
     seq: u64,
-    lease: KeyClaim,
+    claim: KeyClaim,
 }
 
 /// The slots of the requests waiting for their first heartbeat, and the free ones.
@@ -106,21 +106,21 @@ impl Schedule {
         self.due.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers `lease` for its first heartbeat, a third of its length after its claim was
+    /// Registers `claim` for its first heartbeat, a third of its length after its claim was
     /// sent. Returns the registration and whether a driver task was started (it starts on this
     /// worker thread; the caller yields once so that a handler blocking the thread cannot keep
     /// it from starting).
     pub(crate) fn register<S: IdempotencyStore + 'static>(
         self: &Arc<Self>,
         shared: &Arc<Shared<S>>,
-        lease: &KeyClaim,
+        claim: &KeyClaim,
     ) -> (Registration, bool) {
-        debug_assert_eq!(period(lease.length()), self.period);
+        debug_assert_eq!(period(claim.length()), self.period);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting {
-            due: lease.claimed_at() + self.period,
+            due: claim.claimed_at() + self.period,
             seq,
-            lease: lease.clone(),
+            claim: claim.clone(),
         };
         let slot = {
             let mut slab = self.entries();
@@ -183,7 +183,7 @@ impl Schedule {
             match slot {
                 Some(waiting) if waiting.due <= now => {
                     if let Some(waiting) = slot.take() {
-                        due.push(waiting.lease);
+                        due.push(waiting.claim);
                         slab.free.push(index);
                     }
                 }
@@ -216,9 +216,9 @@ async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<S
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            for lease in due {
-                if lease.heartbeat_wanted() {
-                    shared.tasks.spawn(run(Arc::clone(&shared), lease));
+            for claim in due {
+                if claim.heartbeat_wanted() {
+                    shared.tasks.spawn(run(Arc::clone(&shared), claim));
                 }
             }
         }
@@ -235,24 +235,24 @@ async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<S
 /// the lease ran out by this process's clock (the store's lease may still run: a store that
 /// was slow for a moment must not make the key lapse for good); only the store saying that the
 /// token no longer holds the claim marks the lease lost and ends the heartbeat.
-async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: KeyClaim) {
-    let beat = period(lease.length());
+async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, claim: KeyClaim) {
+    let beat = period(claim.length());
     let mut said_lapsed = false;
     loop {
-        if !lease.heartbeat_wanted() {
+        if !claim.heartbeat_wanted() {
             return;
         }
         let sent = Instant::now();
-        let next = match shared.extend(&lease).await {
+        let next = match shared.extend(&claim).await {
             Ok(FenceOutcome::Applied) => {
-                lease.renewed(sent);
+                claim.renewed(sent);
                 said_lapsed = false;
                 beat
             }
             Ok(FenceOutcome::Stale) => {
                 // While the response is being stored, the completion itself ends the claim.
-                if lease.heartbeat_wanted() && !lease.is_completing() {
-                    lease.mark_lost();
+                if claim.heartbeat_wanted() && !claim.is_completing() {
+                    claim.mark_lost();
                     tracing::warn!(
                         backend = shared.store.backend(),
                         "the lease ran out while the request was running; another request may run it too"
@@ -261,10 +261,10 @@ async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: KeyCl
                 return;
             }
             Err(error) => {
-                if !lease.heartbeat_wanted() {
+                if !claim.heartbeat_wanted() {
                     return;
                 }
-                if Instant::now() >= lease.deadline() {
+                if Instant::now() >= claim.deadline() {
                     if !said_lapsed {
                         said_lapsed = true;
                         tracing::warn!(
@@ -286,7 +286,7 @@ async fn run<S: IdempotencyStore + 'static>(shared: Arc<Shared<S>>, lease: KeyCl
                 }
             }
         };
-        if !lease.sleep_while_heartbeat_wanted(next).await {
+        if !claim.sleep_while_heartbeat_wanted(next).await {
             return;
         }
     }

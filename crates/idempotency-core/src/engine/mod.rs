@@ -6,7 +6,9 @@
 //!   stored (in the request's transaction when the store offers one);
 //! - `key_claim.rs`: the [`KeyClaim`] a handler sees; `heartbeat.rs`: what keeps it from running out;
 //! - `opener.rs`: opening the request's transaction on a transactional store;
-//! - `retry.rs`: bounded store calls and the background retries that keep a claim's promises.
+//! - `shared.rs`: what every guard and background task of one engine shares, and its bounded,
+//!   timed store calls;
+//! - `retry.rs`: the background retries that keep a claim's promises.
 
 mod admission;
 mod completion;
@@ -21,6 +23,7 @@ mod one_transaction;
 mod opener;
 mod pending;
 mod retry;
+mod shared;
 mod store_metrics;
 mod timer;
 
@@ -31,11 +34,12 @@ pub use key_claim::KeyClaim;
 pub use limit::ScopeLimit;
 
 use crate::store::StoreOp;
-use crate::store::{ClaimOutcome, FenceOutcome, Record, RecordState};
+use crate::store::{ClaimOutcome, Record, RecordState};
 use crate::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
 use pending::PendingClaim;
+use shared::Shared;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,31 +94,6 @@ impl Drain {
     /// How much work is running now.
     pub fn running(&self) -> usize {
         self.0.len()
-    }
-}
-
-/// What every guard and background task of one engine shares.
-pub(crate) struct Shared<S> {
-    pub(crate) config: EngineConfig,
-    pub(crate) store: S,
-    /// Background work (heartbeats, deferred completions and releases).
-    pub(crate) tasks: TaskTracker,
-    /// Requests waiting for their first heartbeat.
-    pub(crate) heartbeats: Arc<heartbeat::Schedule>,
-    /// The keys of the store-call metrics.
-    metrics: store_metrics::StoreMetrics,
-    /// The gauges of the keys this process holds in flight.
-    pub(crate) in_flight: in_flight::InFlightGauges,
-    /// [`EngineConfig::new_keys_per_scope`](crate::EngineConfig#structfield.new_keys_per_scope), when set.
-    limiter: Option<limit::ScopeLimiter>,
-    /// The admission of request transactions, on a store whose transactions hold pooled
-    /// connections ([`TransactionAdmission::Adaptive`]).
-    pub(crate) admission: Option<Arc<admission::Admission>>,
-}
-
-impl<S> Drop for Shared<S> {
-    fn drop(&mut self) {
-        self.heartbeats.close();
     }
 }
 
@@ -386,81 +365,5 @@ fn answer_instead<S: IdempotencyStore + 'static>(completion: Completion) -> Opti
             Some(Begin::InFlight { retry_after })
         }
         _ => None,
-    }
-}
-
-impl<S: IdempotencyStore> Shared<S> {
-    /// Stores `response` for the claim of `lease` (one bounded store call).
-    pub(crate) async fn complete(
-        &self,
-        lease: &KeyClaim,
-        response: &StoredResponse,
-    ) -> Result<FenceOutcome, StoreError> {
-        let store = &self.store;
-        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
-        let retention = self.config.retention;
-        self.call(
-            StoreOp::Complete,
-            store.complete(scope, key, token, response, retention),
-        )
-        .await
-    }
-
-    /// Extends the claim of `lease` by one lease (one bounded store call).
-    pub(crate) async fn extend(&self, lease: &KeyClaim) -> Result<FenceOutcome, StoreError> {
-        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
-        self.call(
-            StoreOp::Extend,
-            self.store.extend(scope, key, token, lease.length()),
-        )
-        .await
-    }
-
-    /// Releases the claim of `lease` (one bounded store call).
-    pub(crate) async fn release(&self, lease: &KeyClaim) -> Result<FenceOutcome, StoreError> {
-        let (scope, key, token) = (lease.scope(), lease.key(), lease.token());
-        self.call(StoreOp::Release, self.store.release(scope, key, token))
-            .await
-    }
-
-    /// One store call, bounded by the store timeout, timed and counted per operation.
-    pub(crate) async fn call<T>(
-        &self,
-        op: StoreOp,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let backend = self.store.backend();
-        let started = std::time::Instant::now();
-        let (result, took) = match bounded(self.config.store_timeout, call).await {
-            Some(result) => (result, started.elapsed()),
-            // Recorded as the timeout itself: the timer fires a little after it, and a
-            // histogram whose bucket ends at the timeout would put every timed-out call in the
-            // next one (a p99 of 9.85 s read for calls that cannot last past 5 s).
-            None => (
-                Err(StoreError::Timeout {
-                    backend,
-                    timeout: self.config.store_timeout,
-                }),
-                self.config.store_timeout,
-            ),
-        };
-        self.metrics.duration(op, took.as_secs_f64());
-        if result.is_err() {
-            self.metrics.error(op);
-        }
-        result
-    }
-}
-
-/// `call`, or `None` if it takes longer than `timeout`. A call that finishes on its first poll
-/// (an in-process store's always do) never arms a timer: the profile of fresh keys showed the
-/// timer's setup (reading the clock, finding the runtime) on every store call.
-async fn bounded<T>(timeout: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
-    use std::task::Poll;
-    let mut call = std::pin::pin!(call);
-    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    match first {
-        Poll::Ready(result) => Some(result),
-        Poll::Pending => tokio::time::timeout(timeout, call).await.ok(),
     }
 }

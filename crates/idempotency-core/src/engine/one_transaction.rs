@@ -93,10 +93,10 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 .await;
             let running = match begun {
                 Ok(OneTransactionBegin::Absent(tx)) => {
-                    let lease = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
+                    let claim = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
                     let guard = Guard::in_transaction(
                         Arc::clone(shared),
-                        lease,
+                        claim,
                         fingerprint,
                         tx,
                         speculative,

@@ -1,8 +1,8 @@
 //! Opening a request's transaction, on first use.
 
-use super::Shared;
 use super::admission::Place;
 use super::key_claim::KeyClaim;
+use super::shared::Shared;
 use crate::store::StoreOp;
 use crate::transaction::{OpenFuture, Opener, TransactionError};
 use crate::{IdempotencyStore, StoreError};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// Opens a claim's transaction on first use.
 pub(crate) struct TxOpener<S> {
     pub(crate) shared: Arc<Shared<S>>,
-    pub(crate) lease: KeyClaim,
+    pub(crate) claim: KeyClaim,
     /// Where the transaction's place among those admitted at once goes: the guard's, which
     /// gives it back when the transaction ends; `None` on a store without admission.
     pub(crate) admitted: Option<Place>,
@@ -23,7 +23,7 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
             let Some(store) = self.shared.store.transactional() else {
                 return Err(TransactionError::Unavailable);
             };
-            if !self.lease.is_held() {
+            if !self.claim.is_held() {
                 return Err(TransactionError::LeaseLost);
             }
             if let (Some(admission), Some(admitted)) = (&self.shared.admission, &self.admitted) {
@@ -44,15 +44,15 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
                     *admitted = Some(place);
                 }
             }
-            let lease = &self.lease;
+            let claim = &self.claim;
             let begun = self
                 .shared
                 .call(
                     StoreOp::BeginTransaction,
                     store.begin_transaction(
-                        lease.scope(),
-                        lease.key(),
-                        lease.token(),
+                        claim.scope(),
+                        claim.key(),
+                        claim.token(),
                         self.shared.config.lease,
                     ),
                 )
@@ -60,7 +60,7 @@ impl<S: IdempotencyStore + 'static> Opener for TxOpener<S> {
             match begun {
                 Ok(Some(tx)) => Ok(tx),
                 Ok(None) => {
-                    lease.mark_lost();
+                    claim.mark_lost();
                     Err(TransactionError::LeaseLost)
                 }
                 Err(error) => Err(TransactionError::Store(error)),

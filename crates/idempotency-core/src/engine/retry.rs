@@ -1,8 +1,8 @@
 //! The background retries that keep a claim's promises when a store call fails: a claim
 //! nobody holds is given back, a response whose handler ran is stored.
 
-use super::Shared;
 use super::key_claim::KeyClaim;
+use super::shared::Shared;
 use crate::store::FenceOutcome;
 use crate::{ErrorChain, IdempotencyStore, StoreError};
 use std::future::Future;
@@ -33,12 +33,12 @@ where
     }
 }
 
-/// Releases the claim of `lease` in the background, retrying failures until the lease ends
+/// Releases `claim` in the background, retrying failures until the lease ends
 /// (after which the claim frees itself). Fenced by the token, so it never touches another
 /// request's claim. Needs a Tokio runtime; without one the key frees when its lease runs out.
 pub(crate) fn spawn_release<S: IdempotencyStore + 'static>(
     shared: Arc<Shared<S>>,
-    lease: KeyClaim,
+    claim: KeyClaim,
     why: &'static str,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -51,7 +51,7 @@ pub(crate) fn spawn_release<S: IdempotencyStore + 'static>(
     let tasks = shared.tasks.clone();
     tasks.spawn_on(
         async move {
-            let released = retry_until(lease.deadline(), || shared.release(&lease)).await;
+            let released = retry_until(claim.deadline(), || shared.release(&claim)).await;
             let backend = shared.store.backend();
             match released {
                 Ok(FenceOutcome::Applied) => tracing::debug!(backend, why, "released the key"),

@@ -157,7 +157,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     // the retry replays; otherwise the retry runs.
                     spawn_release(
                         Arc::clone(shared),
-                        self.lease.clone(),
+                        self.claim.clone(),
                         "transaction not committed",
                     );
                 }
@@ -203,7 +203,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 );
                 if !self.hold.is_transaction() {
                     // The claim's record still holds the key: give it back for the retry.
-                    spawn_release(Arc::clone(shared), self.lease.clone(), "discard not stored");
+                    spawn_release(Arc::clone(shared), self.claim.clone(), "discard not stored");
                 }
                 if error.is_unreachable() {
                     Completion::OutcomeUnknown
@@ -239,7 +239,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 // The claim may have landed: fenced by the token, so only ours goes.
                 spawn_release(
                     Arc::clone(shared),
-                    self.lease.clone(),
+                    self.claim.clone(),
                     "discard not claimed",
                 );
                 return Completion::RolledBack(RollbackCause::Store);
@@ -255,12 +255,12 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         let Hold::Transaction { fingerprint, .. } = self.hold else {
             return None;
         };
-        let (shared, lease) = (&self.shared, &self.lease);
+        let (shared, claim) = (&self.shared, &self.claim);
         let claim = shared.store.claim(
-            lease.scope(),
-            lease.key(),
+            claim.scope(),
+            claim.key(),
             &fingerprint,
-            lease.token(),
+            claim.token(),
             shared.config.lease,
         );
         Some(shared.call(StoreOp::Claim, claim).await)
@@ -293,13 +293,13 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// background until the lease runs out if the store fails.
     pub(super) async fn release_claim(&self) -> Completion {
         let shared = &self.shared;
-        let lease = &self.lease;
+        let claim = &self.claim;
         match shared
             .call(
                 StoreOp::Release,
                 shared
                     .store
-                    .release(lease.scope(), lease.key(), lease.token()),
+                    .release(claim.scope(), claim.key(), claim.token()),
             )
             .await
         {
@@ -311,7 +311,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     error = %ErrorChain(&error),
                     "could not release the key; retrying in the background until its lease runs out"
                 );
-                spawn_release(Arc::clone(shared), lease.clone(), "failed release");
+                spawn_release(Arc::clone(shared), claim.clone(), "failed release");
                 Completion::Deferred
             }
         }
