@@ -1,39 +1,5 @@
-//! Idempotency keys for the calls a request makes to other services, derived from its own.
-//!
-//! A handler that charges a payment provider must send the provider the same key on every run
-//! of the same logical request: after a crash, a lapsed lease or a takeover on another instance
-//! the request runs again, and only a key that does not change lets the provider replay its
-//! first answer instead of charging twice. A fresh UUID per run changes; the client's own key
-//! would not, but it would hand the client's key to a third party and collide across the steps
-//! of one request (two charges) and across users (two clients who picked the same key).
-//!
-//! [`DerivedKey::derive`] hashes the scope, the client's key and a step name, each
-//! length-prefixed so that no two different triples hash alike, with SHA-256 under a label of
-//! its own (`idempotency-derived-key/v1`). So the derived key is:
-//! - the same on every retry, takeover and instance (it depends on nothing else: no clock, no
-//!   token, no process state);
-//! - different for another scope, another key or another step;
-//! - not reversible to the client's key: it is a SHA-256 digest, so recovering a key from it
-//!   means guessing the key. A UUID v4 key (what the protocol asks clients to send) cannot be
-//!   guessed; a key a client derives from something public (an order number) can be, and then
-//!   the derived key says which order it is. It never says anything the scope and the step name
-//!   did not;
-//! - in the shapes downstream APIs take: 64 lowercase hex characters ([`DerivedKey::as_str`],
-//!   under Stripe's 255 and the IETF draft's structured-field string), or a UUID
-//!   ([`DerivedKey::to_uuid`], version 8, for an API that asks for a UUID).
-//!
-//! ```
-//! use idempotency_core::{DerivedKey, IdempotencyKey, KeyFormat, Scope};
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let scope = Scope::new("user-42")?;
-//! let key = IdempotencyKey::parse(b"8e03978e-40d5-43e8-bc93-6894a57f9324", KeyFormat::default())?;
-//! let charge = DerivedKey::derive(&scope, &key, "charge");
-//! assert_eq!(charge, DerivedKey::derive(&scope, &key, "charge"), "the same on every run");
-//! assert_ne!(charge, DerivedKey::derive(&scope, &key, "refund"), "one per step");
-//! assert_eq!(charge.as_str().len(), 64);
-//! assert!(!charge.as_str().contains("8e03978e"), "the client's key does not show");
-//! # Ok(()) }
-//! ```
+//! Idempotency keys for the calls a request makes to other services, derived from its own
+//! ([`DerivedKey`]).
 
 use crate::{IdempotencyKey, Scope};
 use sha2::{Digest, Sha256};
@@ -45,8 +11,43 @@ use std::fmt;
 const DOMAIN: &[u8] = b"idempotency-derived-key/v1";
 
 /// An idempotency key for one outside call of a request, derived from the request's scope, its
-/// key and the name of the step (see the [module](self)). Its text is 64 lowercase hex
-/// characters; [`DerivedKey::to_uuid`] gives the UUID-shaped variant.
+/// key and the name of the step. Its text is 64 lowercase hex characters;
+/// [`DerivedKey::to_uuid`] gives the UUID-shaped variant.
+///
+/// A handler that charges a payment provider must send the provider the same key on every run
+/// of the same logical request: after a crash, a lapsed lease or a takeover on another instance
+/// the request runs again, and only a key that does not change lets the provider replay its
+/// first answer instead of charging twice. A fresh UUID per run changes; the client's own key
+/// would not, but it would hand the client's key to a third party and collide across the steps
+/// of one request (two charges) and across users (two clients who picked the same key).
+///
+/// [`DerivedKey::derive`] hashes the scope, the client's key and a step name, each
+/// length-prefixed so that no two different triples hash alike, with SHA-256 under a label of
+/// its own (`idempotency-derived-key/v1`). So the derived key is:
+/// - the same on every retry, takeover and instance (it depends on nothing else: no clock, no
+///   token, no process state);
+/// - different for another scope, another key or another step;
+/// - not reversible to the client's key: it is a SHA-256 digest, so recovering a key from it
+///   means guessing the key. A UUID v4 key (what the protocol asks clients to send) cannot be
+///   guessed; a key a client derives from something public (an order number) can be, and then
+///   the derived key says which order it is. It never says anything the scope and the step name
+///   did not;
+/// - in the shapes downstream APIs take: 64 lowercase hex characters ([`DerivedKey::as_str`],
+///   under Stripe's 255 and the IETF draft's structured-field string), or a UUID
+///   ([`DerivedKey::to_uuid`], version 8, for an API that asks for a UUID).
+///
+/// ```
+/// use idempotency_core::{DerivedKey, IdempotencyKey, KeyFormat, Scope};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let scope = Scope::new("user-42")?;
+/// let key = IdempotencyKey::parse(b"8e03978e-40d5-43e8-bc93-6894a57f9324", KeyFormat::default())?;
+/// let charge = DerivedKey::derive(&scope, &key, "charge");
+/// assert_eq!(charge, DerivedKey::derive(&scope, &key, "charge"), "the same on every run");
+/// assert_ne!(charge, DerivedKey::derive(&scope, &key, "refund"), "one per step");
+/// assert_eq!(charge.as_str().len(), 64);
+/// assert!(!charge.as_str().contains("8e03978e"), "the client's key does not show");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct DerivedKey {
     digest: [u8; 32],
