@@ -12,14 +12,12 @@ use crate::route::{Outcome, Route};
 use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
-use http::request::Parts;
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response};
 use http_body::Body;
 use idempotency_core::{
-    Begin, Completion, ErrorChain, Guard, IdempotencyKey, IdempotencyStore, RollbackCause, Scope,
-    StoreError, StoredResponse,
+    Begin, Completion, ErrorChain, Guard, IdempotencyStore, RollbackCause, StoreError,
+    StoredResponse,
 };
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -28,12 +26,17 @@ use std::time::Duration;
 use tower_service::Service;
 use tracing::Instrument;
 
+mod log_fields;
 mod replay;
 mod request;
+mod stored_or_not;
 
 use replay::{replay, superseded};
 
-use request::{read_key, read_request_body, read_scope};
+use log_fields::{KeyHash, panic_message};
+use request::{original_uri, read_key, read_request_body, read_scope};
+pub use stored_or_not::{Final, NotStored};
+use stored_or_not::{opted_out, rejected_before_the_handler};
 
 /// How long a client is told to wait after a 503 because the store was unreachable or the
 /// request's transaction did not commit, and after a 409 for a lease lost at commit time.
@@ -436,79 +439,6 @@ where
                 Refused(Problem::HandlerFailed, Outcome::HandlerFailed),
             ))
         }
-    }
-}
-
-/// The message a panic was raised with, for the log.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    match panic.downcast_ref::<&'static str>() {
-        Some(message) => message,
-        None => panic
-            .downcast_ref::<String>()
-            .map_or("(not a string)", String::as_str),
-    }
-}
-
-/// Put in a response's extensions to keep it from being stored, the way `Cache-Control:
-/// no-store` on the response does: the key is released and the request's transaction rolled
-/// back, so the client's retry with the same key runs again. For answers the client is expected
-/// to fix and resend with the same key (a validation error, say). In axum, return
-/// `(Extension(NotStored), ...)` among the response's parts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NotStored;
-
-/// Put in a response's extensions to say that the handler produced it after it began its work,
-/// so the layer stores it even with a status a framework rejects requests with before the
-/// handler runs (400, 404, 405, 411, 413, 415, 422 by default; see
-/// [`rejection_statuses`](crate::IdempotencyLayerBuilder::rejection_statuses)). For a handler
-/// that changed something and then answers one of those: its retry must replay, not run again.
-/// In axum, return `(Extension(Final), StatusCode::UNPROCESSABLE_ENTITY, ...)`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Final;
-
-/// Whether the response has a status a framework answers with before the handler runs, and the
-/// handler did not mark it [`Final`].
-fn rejected_before_the_handler(parts: &http::response::Parts, statuses: &[StatusCode]) -> bool {
-    statuses.contains(&parts.status) && parts.extensions.get::<Final>().is_none()
-}
-
-/// Whether the handler asked for its response not to be stored.
-fn opted_out(parts: &http::response::Parts) -> bool {
-    parts.extensions.get::<NotStored>().is_some()
-        || parts
-            .headers
-            .get_all(header::CACHE_CONTROL)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
-}
-
-/// The URI the client sent: under axum's `nest`, the request's own URI has the prefix stripped,
-/// and the fingerprint must see the whole path.
-fn original_uri(parts: &Parts) -> &http::Uri {
-    #[cfg(feature = "axum")]
-    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
-        return &original.0;
-    }
-    &parts.uri
-}
-
-/// A short, stable, non-reversible id of `(scope, key)` for logs: never the key itself. Hashed
-/// when it is formatted, so a span that is never recorded costs nothing (tracing evaluates a
-/// disabled span's fields when its `log` feature is on, which sqlx and tower turn on).
-struct KeyHash<'a>(&'a Scope, &'a IdempotencyKey);
-
-impl std::fmt::Display for KeyHash<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut h = Sha256::new();
-        h.update(self.0.as_str().as_bytes());
-        h.update([0]);
-        h.update(self.1.as_str().as_bytes());
-        for byte in &h.finalize()[..6] {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
     }
 }
 

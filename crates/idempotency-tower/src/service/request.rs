@@ -1,5 +1,5 @@
 //! What the layer reads from a covered request before it claims the key: the key, the scope,
-//! and the body (within its limits and the budget of bodies held at once).
+//! the body (within its limits and the budget of bodies held at once), and the URI the client sent.
 
 use super::{RETRY_AFTER, Refused};
 use crate::body::{BodyPermit, BoxError, ReadError, read_body};
@@ -96,4 +96,14 @@ where
             Outcome::BodyUnreadable,
         )),
     }
+}
+
+/// The URI the client sent: under axum's `nest`, the request's own URI has the prefix stripped,
+/// and the fingerprint must see the whole path.
+pub(super) fn original_uri(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
 }
