@@ -1,6 +1,7 @@
 //! The consumer: the queue, the work of one message, and the ack that follows its commit.
 
 use crate::message::{CreateTask, Message, TaskResult};
+use crate::queues::declare_queues;
 use crate::{CREATE_TASKS_TABLE, INSERT_TASK};
 use futures_util::StreamExt;
 use idempotency::postgres::tokio_postgres::types::Type;
@@ -12,7 +13,6 @@ use idempotency::{
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
-    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -24,12 +24,6 @@ use tokio::task::JoinSet;
 /// [`ConsumerConfig::delivery_limit`] by default: with the requeue backoff (100 ms doubling up
 /// to 5 s) a message rides out about a minute and a half of a database outage.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 25;
-
-/// The broker's own bound on deliveries of one message (`x-delivery-limit` of the quorum
-/// queue), behind the consumer's: it dead-letters a message that no consumer ever settles
-/// (one that crashes every consumer that takes it). The same for every consumer and publisher,
-/// since a queue's arguments are fixed when it is declared.
-const BROKER_DELIVERY_LIMIT: i64 = 1_000;
 
 /// How often expired keys are deleted when pg_cron does not do it.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
@@ -236,42 +230,6 @@ fn earlier_deliveries(delivery: &Delivery) -> u32 {
         Some(AMQPValue::ShortShortInt(n)) => u32::try_from(n).unwrap_or(0),
         _ => 0,
     }
-}
-
-/// Declares `queue` (a durable quorum queue, which counts each message's deliveries) with its
-/// dead-letter queue `<queue>.dead`. The publisher and the consumer both declare it, with the
-/// same arguments. (A classic queue of the same name, left by an earlier version of this demo,
-/// is refused by the broker with `PRECONDITION_FAILED`: delete it first.)
-pub async fn declare_queues(channel: &Channel, queue: &str) -> Result<(), lapin::Error> {
-    let dead = format!("{queue}.dead");
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
-        .await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString("".into()),
-    );
-    arguments.insert(
-        "x-dead-letter-routing-key".into(),
-        AMQPValue::LongString(dead.as_str().into()),
-    );
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    arguments.insert(
-        "x-delivery-limit".into(),
-        AMQPValue::LongLongInt(BROKER_DELIVERY_LIMIT),
-    );
-    channel
-        .queue_declare(queue.into(), durable, arguments)
-        .await?;
-    Ok(())
 }
 
 /// A running consumer: its engine over the PostgreSQL store, and its channel.

@@ -46,12 +46,13 @@
 
 mod consumer;
 mod message;
+mod queues;
 
 pub use consumer::{
-    Consumer, ConsumerConfig, ConsumerError, DEFAULT_DELIVERY_LIMIT, Handled, declare_queues,
-    handle,
+    Consumer, ConsumerConfig, ConsumerError, DEFAULT_DELIVERY_LIMIT, Handled, handle,
 };
 pub use message::{CreateTask, Message, TaskResult};
+pub use queues::declare_queues;
 
 /// The tasks table the consumer writes (created if missing). Under a transaction-scoped advisory
 /// lock: consumers starting together on a new database would otherwise race in
