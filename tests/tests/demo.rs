@@ -81,6 +81,50 @@ async fn the_task_api_runs_each_write_once(store_url: &str) {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(replay, body);
     assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    for name in ["idempotency-original-date", "idempotency-key-expires"] {
+        let value = headers.get(name).unwrap().to_str().unwrap();
+        assert!(httpdate::parse_http_date(value).is_ok(), "{name}: {value}");
+    }
+
+    // The caller asks what became of its key, and learns the status, never the body; another
+    // caller asking for the same key learns what it would of a key nobody used.
+    let (status, _, answer) = call(
+        &app,
+        Method::GET,
+        "/idempotency-status",
+        &user,
+        Some(&key),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let answer = json(&answer);
+    assert_eq!(answer["state"], "completed", "{answer}");
+    assert_eq!(answer["status"], 201);
+    assert!(answer.get("title").is_none() && !answer.to_string().contains("Buy milk"));
+    let stranger = uuid::Uuid::new_v4().to_string();
+    let theirs = call(
+        &app,
+        Method::GET,
+        "/idempotency-status",
+        &stranger,
+        Some(&key),
+        "",
+    )
+    .await;
+    let unused = uuid::Uuid::new_v4().to_string();
+    let nobodys = call(
+        &app,
+        Method::GET,
+        "/idempotency-status",
+        &stranger,
+        Some(&unused),
+        "",
+    )
+    .await;
+    assert_eq!(theirs.0, StatusCode::OK);
+    assert_eq!(json(&theirs.2)["state"], "absent");
+    assert_eq!((theirs.1, theirs.2), (nobodys.1, nobodys.2));
 
     let (status, _, problem) = call(
         &app,

@@ -120,6 +120,7 @@ macro_rules! __with_cases {
             absent_key_reads_none_and_fences_stale
             hostile_keys_and_scopes_round_trip
             engine_runs_a_request_once_and_replays_it
+            engine_status_reports_a_keys_outcome_in_its_own_scope_only
             engine_dropped_guard_releases_the_key
             engine_releases_statuses_the_policy_does_not_store
             engine_heartbeat_keeps_a_slow_request_from_being_taken_over

@@ -21,7 +21,7 @@ mod transaction;
 pub use derived_key::DerivedKey;
 pub use engine::{
     Begin, ClaimMode, Completion, ConfigError, Drain, Engine, EngineConfig, Guard, KeyClaim,
-    ReplayPolicy, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
+    KeyStatus, ReplayPolicy, Replayed, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
 };
 pub use error::{BoxError, ErrorChain, StoreError};
 pub use fingerprint::{
@@ -34,7 +34,8 @@ pub use once::{OnceContext, OnceError, Outcome};
 pub use record::LeaseToken;
 pub use redact::redact_credentials;
 pub use response::{
-    DecodeError, IDEMPOTENCY_REFUSAL, IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header,
+    DecodeError, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_ORIGINAL_DATE, IDEMPOTENCY_REFUSAL,
+    IDEMPOTENT_REPLAYED, StoredResponse, is_replayable_header,
 };
 pub use scope::{MAX_SCOPE_LEN, Scope, ScopeError};
 pub use store::{IdempotencyStore, purge_periodically};

@@ -15,6 +15,18 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// with the same key only an answer that carries it and a `Retry-After`.
 pub const IDEMPOTENCY_REFUSAL: HeaderName = HeaderName::from_static("idempotency-refusal");
 
+/// The name of the header a replay carries to say when the key was first answered (its
+/// response stored), as an HTTP-date: the `Date` the first answer had, about (a replay's own
+/// `Date` is the replay's). Added to every replay, never stored.
+pub const IDEMPOTENCY_ORIGINAL_DATE: HeaderName =
+    HeaderName::from_static("idempotency-original-date");
+
+/// The name of the header a replay carries to say when its key expires, as an HTTP-date: until
+/// then a request with the key replays this answer (or is refused as a mismatch); after it the
+/// key is free and a request with it runs again, so a client stops retrying before it. Added to
+/// every replay, never stored.
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+
 /// A response as stored for replay: status, the headers worth replaying (repeated ones kept, in
 /// order) and the body bytes, byte for byte (ADR amendment 4).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,7 +264,8 @@ const PER_REQUEST_HEADERS: [&str; 7] = [
 /// request; 401 and 403 are not stored by the standard policy either), per-request ids and
 /// trace context (`X-Request-Id`, `Request-Id`, `X-Correlation-Id`, `traceparent`,
 /// `tracestate`, `Server-Timing`, `X-Amzn-RequestId`), `Content-Length` (recomputed from the
-/// body) and `Idempotent-Replayed` (added to every replay). Everything else, including
+/// body), and the headers added to every replay: `Idempotent-Replayed`,
+/// `Idempotency-Original-Date` and `Idempotency-Key-Expires`. Everything else, including
 /// `Location`, `Content-Type`, `ETag`, `Cache-Control` and custom headers, is kept with all its
 /// values.
 pub fn is_replayable_header(name: &HeaderName) -> bool {
@@ -271,6 +284,8 @@ pub fn is_replayable_header(name: &HeaderName) -> bool {
             | header::CONTENT_LENGTH
     ) && name != IDEMPOTENT_REPLAYED
         && name != IDEMPOTENCY_REFUSAL
+        && name != IDEMPOTENCY_ORIGINAL_DATE
+        && name != IDEMPOTENCY_KEY_EXPIRES
         && name.as_str() != "keep-alive"
         && name.as_str() != "proxy-connection"
         && !PER_REQUEST_HEADERS.contains(&name.as_str())

@@ -225,7 +225,11 @@ pub fn router_with(
             get(get_task).patch(update_task).delete(delete_task),
         )
         // The matched routes only: an unknown path stays 404, never a stored answer.
-        .route_layer(idempotency)
+        .route_layer(idempotency.clone())
+        // What became of one of the caller's keys (GET, the key in `Idempotency-Key`): added
+        // after the idempotency layer, so it is not covered, and before authentication, so it
+        // has the caller.
+        .route_service("/idempotency-status", idempotency.key_status_service())
         // Added last, so it runs first: the idempotency layer needs the user.
         .layer(middleware::from_fn(authenticate))
         .with_state(tasks)

@@ -348,9 +348,9 @@ mod postgres {
         k: &IdempotencyKey,
     ) -> StoredResponse {
         match engine.begin(s.clone(), k.clone(), fp()).await {
-            Ok(Begin::Replay(stored)) => stored,
+            Ok(Begin::Replay(stored)) => stored.into_response(),
             Ok(Begin::Proceed(guard)) => match guard.complete(response(500)).await {
-                Completion::Superseded(Superseded::Replay(stored)) => stored,
+                Completion::Superseded(Superseded::Replay(stored)) => stored.into_response(),
                 other => panic!("the retry must replay, its guard ended {other:?}"),
             },
             other => panic!("the retry must replay, got {other:?}"),

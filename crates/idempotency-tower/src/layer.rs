@@ -56,6 +56,11 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
         }
     }
 
+    /// What the layer's services share.
+    pub(crate) fn shared(&self) -> &Arc<Shared<S>> {
+        &self.shared
+    }
+
     /// The engine (and through it the store) the layer uses.
     pub fn engine(&self) -> &Engine<S> {
         &self.shared.engine

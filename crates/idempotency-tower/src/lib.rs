@@ -8,7 +8,7 @@
 //! | no scope (no authenticated caller) | 401 problem+json |
 //! | same key, request still running | 409 problem+json, `Retry-After` from the remaining lease |
 //! | same key, different request | 422 problem+json (Stripe profile: 400 in Stripe's error envelope) |
-//! | same key, same request, completed | the stored status, headers, body + `Idempotent-Replayed: true` |
+//! | same key, same request, completed | the stored status, headers, body + `Idempotent-Replayed: true`, `Idempotency-Original-Date`, `Idempotency-Key-Expires` |
 //! | request body over the limit | 413 problem+json, nothing stored |
 //! | handler returns a status the policy does not store (5xx), or marks its response [`NotStored`] / `Cache-Control: no-store` | passed through, key released |
 //! | 400, 404, 405, 411, 413, 415 or 422 not marked [`Final`] (axum's extractors and router answer with these before the handler runs) | passed through, key released: the corrected retry runs |
@@ -18,6 +18,9 @@
 //! | the request's transaction does not commit | 503 `not-committed` (none of its writes exist; the retry runs), or 409 if its lease was taken over |
 //! | the request's `COMMIT` is not confirmed (a timeout, a lost connection) | 503 `outcome-unknown`: retried with the same key, it replays if the commit happened, runs if not |
 //! | store unreachable or slower than its timeout | 503 problem+json + `Retry-After` (or run anyway with `fail_open`) |
+//!
+//! What became of a key, without sending it again: [`IdempotencyLayer::key_status_service`], a
+//! route of your choosing that answers a caller about its own keys only.
 //!
 //! Refusals are RFC 9457 problem+json by default; [`Profile::Stripe`] writes Stripe's error
 //! envelope, and [`render_refusals`](IdempotencyLayerBuilder::render_refusals) any shape.
@@ -56,6 +59,7 @@ mod config;
 mod detach;
 #[cfg(feature = "axum")]
 mod extract;
+mod key_status;
 mod layer;
 mod refusal;
 mod route;
@@ -64,6 +68,7 @@ mod service;
 pub use body::{BoxError, IdempotencyBody, RequestBody};
 #[cfg(feature = "axum")]
 pub use extract::{Claim, KeyClaimRejection, Tx, TxRejection};
+pub use key_status::KeyStatusService;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, ScopeNotSet, ScopeSet};
 pub use refusal::{Profile, Refusal, RefusalKind, RenderRefusal, problem_json, stripe_error};
 pub use service::IdempotencyService;

@@ -34,13 +34,14 @@ mod stored_or_not;
 use replay::{replay, superseded};
 
 use log_fields::{KeyHash, panic_message};
-use request::{original_uri, read_key, read_request_body, read_scope};
+use request::{original_uri, read_request_body};
+pub(crate) use request::{read_key, read_scope};
 pub use stored_or_not::{Final, NotStored};
 use stored_or_not::{opted_out, rejected_before_the_handler};
 
 /// How long a client is told to wait after a 503 because the store was unreachable or the
 /// request's transaction did not commit, and after a 409 for a lease lost at commit time.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// `Retry-After` for a caller that holds its share of the store: its records must expire
 /// first, which takes far longer than a second; a minute keeps a polite client from hammering.
@@ -110,7 +111,7 @@ where
 }
 
 /// A request the layer answers itself.
-pub(super) struct Refused(pub(super) Problem, pub(super) Outcome);
+pub(crate) struct Refused(pub(crate) Problem, pub(crate) Outcome);
 
 /// Answers `problem` and records `outcome`.
 fn refuse<S>(
@@ -123,8 +124,27 @@ fn refuse<S>(
 }
 
 /// The response for `problem`, as the configured renderer writes it.
-fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> {
+pub(crate) fn answer<S>(shared: &Shared<S>, problem: Problem) -> Response<IdempotencyBody> {
     render(&problem.refusal(shared.settings.profile), &shared.render)
+}
+
+/// The 503 for a store call that failed, said as what it is (and logged): a pool whose every
+/// connection is held (by requests waiting on hot rows, say) is not a store that is down.
+pub(crate) fn store_problem<S: IdempotencyStore + 'static>(
+    shared: &Shared<S>,
+    error: &StoreError,
+    retry_after: Duration,
+) -> Problem {
+    match shared.engine.store().pool_status() {
+        Some(pool) if pool.idle == 0 && pool.open >= pool.max => {
+            tracing::warn!(error = %ErrorChain(error), in_use = pool.open, max = pool.max, waiting = pool.waiting, "every connection of the idempotency store's pool is in use, so the key could not be checked in time; answering 503 store-busy (see idempotency_store_pool_connections: a pool held by requests waiting on the database, a lock, or a pool too small)");
+            Problem::StoreBusy { retry_after }
+        }
+        _ => {
+            tracing::warn!(error = %ErrorChain(error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
+            Problem::StoreUnavailable { retry_after }
+        }
+    }
 }
 
 async fn handle<Inner, S, B, ResB>(
@@ -215,19 +235,7 @@ where
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::StoreError)))
             }
             Err(error) => {
-                let retry_after = RETRY_AFTER;
-                // Said as what it is: a pool whose every connection is held (by requests waiting
-                // on hot rows, say) is not a store that is down.
-                let problem = match shared.engine.store().pool_status() {
-                    Some(pool) if pool.idle == 0 && pool.open >= pool.max => {
-                        tracing::warn!(error = %ErrorChain(&error), in_use = pool.open, max = pool.max, waiting = pool.waiting, "every connection of the idempotency store's pool is in use, so the key could not be checked in time; answering 503 store-busy (see idempotency_store_pool_connections: a pool held by requests waiting on the database, a lock, or a pool too small)");
-                        Problem::StoreBusy { retry_after }
-                    }
-                    _ => {
-                        tracing::warn!(error = %ErrorChain(&error), retryable = error.is_retryable(), "idempotency store failed; answering 503");
-                        Problem::StoreUnavailable { retry_after }
-                    }
-                };
+                let problem = store_problem(&shared, &error, RETRY_AFTER);
                 Ok(refuse(&shared, &route, Refused(problem, Outcome::StoreError)))
             }
             Ok(Begin::Replay(stored)) => {

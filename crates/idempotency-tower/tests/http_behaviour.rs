@@ -208,6 +208,52 @@ async fn first_request_runs_and_the_retry_replays_byte_for_byte() {
 }
 
 #[tokio::test]
+async fn a_replay_says_when_its_key_was_first_answered_and_when_it_expires() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let retention = Duration::from_secs(3_600);
+    let app = app_with(
+        |b| b.retention(retention),
+        MemoryStore::default(),
+        runs.clone(),
+    );
+    let before = std::time::SystemTime::now();
+    let first = send(
+        &app,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    let after = std::time::SystemTime::now();
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert!(first.1.get("idempotency-original-date").is_none());
+    assert!(first.1.get("idempotency-key-expires").is_none());
+    // Two seconds on, so a replay that gave its own time as the first answer's fails below.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let retry = send(
+        &app,
+        request(Method::POST, "/tasks", Some(KEY), Some("alice"), "{}"),
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(retry.1.get("idempotent-replayed").unwrap(), "true");
+    let date = |name: &str| {
+        httpdate::parse_http_date(retry.1.get(name).unwrap().to_str().unwrap()).unwrap()
+    };
+    let second = Duration::from_secs(1);
+    let original = date("idempotency-original-date");
+    // HTTP-dates are to the second (truncated), and the first answer is derived from the
+    // record's time left, read two seconds later.
+    assert!(
+        original + second >= before && original <= after + second,
+        "first answered at {original:?}, between {before:?} and {after:?}"
+    );
+    let expires = date("idempotency-key-expires");
+    assert!(
+        expires + second >= before + retention && expires <= after + retention + second,
+        "the key expires at {expires:?}, a retention after the first answer"
+    );
+}
+
+#[tokio::test]
 async fn methods_not_covered_pass_through_untouched() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app(runs);

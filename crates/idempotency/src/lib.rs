@@ -45,8 +45,8 @@ pub use idempotency_core::once;
 /// `use idempotency::store::*;`, as `idempotency_core::store`.
 pub use idempotency_core::store;
 pub use idempotency_core::{
-    Begin, BoxError, Completion, Engine, EngineConfig, Fingerprint, Guard, OnceContext, OnceError,
-    Outcome, RollbackCause, ScopeLimit, StoredResponse, Superseded,
+    Begin, BoxError, Completion, Engine, EngineConfig, Fingerprint, Guard, KeyStatus, OnceContext,
+    OnceError, Outcome, Replayed, RollbackCause, ScopeLimit, StoredResponse, Superseded,
 };
 /// Re-exported so users name the same `http` and `bytes` versions.
 pub use idempotency_core::{bytes, http};
@@ -54,8 +54,8 @@ pub use idempotency_core::{bytes, http};
 pub use idempotency_tower::{Claim, KeyClaimRejection, Tx, TxRejection};
 pub use idempotency_tower::{
     Final, IdempotencyBody, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService,
-    NotStored, Profile, Refusal, RefusalKind, RenderRefusal, RequestBody, ScopeNotSet, ScopeSet,
-    problem_json, stripe_error,
+    KeyStatusService, NotStored, Profile, Refusal, RefusalKind, RenderRefusal, RequestBody,
+    ScopeNotSet, ScopeSet, problem_json, stripe_error,
 };
 
 #[cfg(feature = "memory")]

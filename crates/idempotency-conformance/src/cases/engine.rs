@@ -46,6 +46,75 @@ pub async fn engine_runs_a_request_once_and_replays_it<S: IdempotencyStore + ?Si
     ));
 }
 
+/// [`Engine::status`] over this store: absent before the request, in flight while it runs,
+/// completed with its status and times once answered, absent again after a release, and
+/// absent in every other scope, whatever the key holds in its own.
+pub async fn engine_status_reports_a_keys_outcome_in_its_own_scope_only<
+    S: IdempotencyStore + ?Sized + 'static,
+>(
+    store: Arc<S>,
+) {
+    let retention = Duration::from_secs(3_600);
+    let engine = engine(store, EngineConfig::default().retention(retention));
+    let (s, k, fp) = (scope("status"), key(), fingerprint("a"));
+    let other = scope("status-other");
+    assert_eq!(
+        engine.status(&s, &k).await.expect("status"),
+        KeyStatus::Absent
+    );
+    let guard = proceed(&engine, &s, &k, fp).await;
+    match engine.status(&s, &k).await.expect("status") {
+        KeyStatus::InFlight {
+            lease_remaining,
+            retry_after,
+        } => {
+            assert!(lease_remaining > Duration::ZERO && lease_remaining <= engine.config().lease);
+            assert!(retry_after > Duration::ZERO && retry_after <= lease_remaining);
+        }
+        other => panic!("a running key must read in flight, got {other:?}"),
+    }
+    assert_eq!(
+        engine.status(&other, &k).await.expect("status"),
+        KeyStatus::Absent,
+        "another scope must not see a running key"
+    );
+    assert_eq!(
+        guard.complete(response(201, b"{\"id\":1}")).await,
+        Completion::Stored
+    );
+    match engine.status(&s, &k).await.expect("status") {
+        KeyStatus::Completed {
+            status,
+            answered_ago,
+            expires_in,
+        } => {
+            assert_eq!(status.as_u16(), 201);
+            assert!(
+                answered_ago < Duration::from_secs(20),
+                "answered {answered_ago:?} ago, just now"
+            );
+            assert!(expires_in <= retention && expires_in > retention - Duration::from_secs(20));
+        }
+        other => panic!("an answered key must read completed, got {other:?}"),
+    }
+    assert_eq!(
+        engine.status(&other, &k).await.expect("status"),
+        KeyStatus::Absent,
+        "another scope must not see a completed key"
+    );
+    // A key released after a failure reads absent: sent again, its request runs.
+    let released = key();
+    let guard = proceed(&engine, &s, &released, fp).await;
+    assert!(matches!(
+        guard.complete(response(503, b"down")).await,
+        Completion::Released
+    ));
+    assert_eq!(
+        engine.status(&s, &released).await.expect("status"),
+        KeyStatus::Absent
+    );
+}
+
 /// A guard dropped without completing (a panic, a cancelled request) frees the key.
 pub async fn engine_dropped_guard_releases_the_key<S: IdempotencyStore + ?Sized + 'static>(
     store: Arc<S>,

@@ -22,7 +22,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, RecordState};
 use idempotency_core::{
     Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, Guard,
-    IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, ReplayPolicy, Scope, StoredResponse,
+    IdempotencyKey, IdempotencyStore, KeyFormat, KeyStatus, LeaseToken, ReplayPolicy, Scope,
+    StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;

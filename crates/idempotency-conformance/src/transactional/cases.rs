@@ -148,7 +148,9 @@ pub async fn tx_concurrent_duplicates_write_once<H: TransactionalHarness>(
                                 written.expect("the request that stored its response wrote");
                                 return mine;
                             }
-                            Completion::Superseded(Superseded::Replay(stored)) => return stored,
+                            Completion::Superseded(Superseded::Replay(stored)) => {
+                                return stored.into_response();
+                            }
                             Completion::Superseded(Superseded::InFlight { .. })
                                 if Instant::now() < until =>
                             {
@@ -157,7 +159,7 @@ pub async fn tx_concurrent_duplicates_write_once<H: TransactionalHarness>(
                             other => panic!("unexpected completion {other:?}"),
                         }
                     }
-                    Begin::Replay(stored) => return stored,
+                    Begin::Replay(stored) => return stored.into_response(),
                     Begin::InFlight { .. } if Instant::now() < until => {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
@@ -326,11 +328,14 @@ pub async fn tx_one_transaction_loser_rolls_back_and_replays<H: TransactionalHar
         winner.complete(response(201, b"winner")).await,
         Completion::Stored
     );
-    assert_eq!(
-        late.complete(response(201, b"late")).await,
-        Completion::Superseded(Superseded::Replay(response(201, b"winner"))),
-        "the later commit rolls back and replays the record that stands"
-    );
+    match late.complete(response(201, b"late")).await {
+        Completion::Superseded(Superseded::Replay(replayed)) => assert_eq!(
+            replayed,
+            response(201, b"winner"),
+            "the later commit rolls back and replays the record that stands"
+        ),
+        other => panic!("the later commit must replay the record that stands, got {other:?}"),
+    }
     assert_eq!(
         harness.count(&late_tag).await,
         0,

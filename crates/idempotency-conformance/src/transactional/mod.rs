@@ -119,7 +119,7 @@ pub(super) async fn answer<H: TransactionalHarness>(
         .await
         .expect("begin");
     let completion = match begun {
-        Begin::Replay(stored) => return Answer::Replay(stored),
+        Begin::Replay(stored) => return Answer::Replay(stored.into_response()),
         Begin::InFlight { retry_after } => return Answer::InFlight(retry_after),
         Begin::Mismatch => return Answer::Mismatch,
         Begin::Proceed(guard) => {
@@ -138,7 +138,9 @@ pub(super) async fn answer<H: TransactionalHarness>(
         }
     };
     match completion {
-        Completion::Superseded(Superseded::Replay(stored)) => Answer::Replay(stored),
+        Completion::Superseded(Superseded::Replay(stored)) => {
+            Answer::Replay(stored.into_response())
+        }
         Completion::Superseded(Superseded::InFlight { retry_after }) => {
             Answer::InFlight(retry_after)
         }

@@ -1,6 +1,6 @@
 //! What became of a proceeding request's outcome: [`Completion`], and the causes it carries.
 
-use crate::StoredResponse;
+use super::Replayed;
 use std::time::Duration;
 
 /// What [`Guard::complete`](crate::Guard::complete) or [`Guard::release`](crate::Guard::release) did with the request's outcome.
@@ -54,7 +54,7 @@ pub enum Completion {
 #[non_exhaustive]
 pub enum Superseded {
     /// The same request completed first: answer with its stored response.
-    Replay(StoredResponse),
+    Replay(Replayed),
     /// The key was used with another request: answer 422.
     Mismatch,
     /// The key is held by a request still running (a lease-mode claim): answer 409.

@@ -8,7 +8,9 @@
 //! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `shared.rs`: what every guard and background task of one engine shares, and its bounded,
 //!   timed store calls;
-//! - `retry.rs`: the background retries that keep a claim's promises.
+//! - `retry.rs`: the background retries that keep a claim's promises;
+//! - `replayed.rs`: a stored answer as a duplicate gets it; `status.rs`: [`Engine::status`],
+//!   what became of a key.
 
 mod admission;
 mod completion;
@@ -22,8 +24,10 @@ mod limit;
 mod one_transaction;
 mod opener;
 mod pending;
+mod replayed;
 mod retry;
 mod shared;
+mod status;
 mod store_metrics;
 mod timer;
 
@@ -32,12 +36,12 @@ pub use config_error::ConfigError;
 pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use key_claim::KeyClaim;
 pub use limit::ScopeLimit;
+pub use replayed::Replayed;
+pub use status::KeyStatus;
 
 use crate::store::StoreOp;
 use crate::store::{ClaimOutcome, Record, RecordState};
-use crate::{
-    Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
-};
+use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use pending::PendingClaim;
 use shared::Shared;
 use std::fmt;
@@ -52,7 +56,7 @@ pub enum Begin<S: IdempotencyStore + 'static> {
     /// This request holds the key: run the handler, then hand its response to the guard.
     Proceed(Guard<S>),
     /// The same request already completed: answer with its stored response.
-    Replay(StoredResponse),
+    Replay(Replayed),
     /// The same request is still running elsewhere: answer 409 and suggest retrying after
     /// `retry_after`.
     InFlight {
@@ -131,18 +135,22 @@ pub(crate) enum Judged {
     /// Another request's record: answer 422.
     Mismatch,
     /// The same request, completed: replay it.
-    Replay(StoredResponse),
+    Replay(Replayed),
     /// The same request, still running; its lease has this long left.
     Running(Duration),
 }
 
-/// The one rule for a live record found by a request with `fingerprint`.
-pub(crate) fn judge(record: Record, fingerprint: &Fingerprint) -> Judged {
+/// The one rule for a live record found by a request with `fingerprint`, on an engine that
+/// keeps responses for `retention`.
+pub(crate) fn judge(record: Record, fingerprint: &Fingerprint, retention: Duration) -> Judged {
     if record.fingerprint != *fingerprint {
         return Judged::Mismatch;
     }
     match record.state {
-        RecordState::Completed { response, .. } => Judged::Replay(response),
+        RecordState::Completed {
+            response,
+            retention_remaining,
+        } => Judged::Replay(Replayed::new(response, retention_remaining, retention)),
         RecordState::InFlight { lease_remaining } => Judged::Running(lease_remaining),
     }
 }
@@ -299,7 +307,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     };
                 }
             };
-            match judge(record, &fingerprint) {
+            match judge(record, &fingerprint, config.retention) {
                 Judged::Mismatch => {
                     pending.disarm();
                     return Ok(Begin::Mismatch);

@@ -55,12 +55,14 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             // taken; without a free one, a stored answer is read first (it needs none).
             let place = match self.place_for(&scope, &key).await {
                 Ok(Placement::Place(place)) => place,
-                Ok(Placement::Stored(record)) => match judge(record, &fingerprint) {
-                    Judged::Mismatch => return Ok(Begin::Mismatch),
-                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
-                    // A lease-mode claim of another instance: wait for it as below.
-                    Judged::Running(_) => None,
-                },
+                Ok(Placement::Stored(record)) => {
+                    match judge(record, &fingerprint, shared.config.retention) {
+                        Judged::Mismatch => return Ok(Begin::Mismatch),
+                        Judged::Replay(response) => return Ok(Begin::Replay(response)),
+                        // A lease-mode claim of another instance: wait for it as below.
+                        Judged::Running(_) => None,
+                    }
+                }
                 Err(error) => {
                     return match seen_running {
                         Some(retry_after) => Ok(Begin::InFlight { retry_after }),
@@ -107,11 +109,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     };
                     return self.admitted(guard).await;
                 }
-                Ok(OneTransactionBegin::Existing(record)) => match judge(record, &fingerprint) {
-                    Judged::Mismatch => return Ok(Begin::Mismatch),
-                    Judged::Replay(response) => return Ok(Begin::Replay(response)),
-                    Judged::Running(lease_remaining) => lease_remaining,
-                },
+                Ok(OneTransactionBegin::Existing(record)) => {
+                    match judge(record, &fingerprint, shared.config.retention) {
+                        Judged::Mismatch => return Ok(Begin::Mismatch),
+                        Judged::Replay(response) => return Ok(Begin::Replay(response)),
+                        Judged::Running(lease_remaining) => lease_remaining,
+                    }
+                }
                 Ok(OneTransactionBegin::Busy) => TRANSACTION_RETRY_AFTER,
                 Err(error) => {
                     return match seen_running {

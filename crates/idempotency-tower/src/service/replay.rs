@@ -6,7 +6,8 @@ use crate::body::{IdempotencyBody, full};
 use crate::config::Shared;
 use crate::route::{Outcome, Route};
 use http::{HeaderValue, Response};
-use idempotency_core::{StoredResponse, Superseded};
+use idempotency_core::{IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_ORIGINAL_DATE, Replayed, Superseded};
+use std::time::SystemTime;
 
 /// What a request answers when its key turned out another's as its guard ended: a duplicate
 /// completed first (its writes rolled back), or, in the speculative mode, the key's lookup
@@ -41,11 +42,12 @@ pub(super) fn superseded<S>(
     }
 }
 
-/// The stored response, byte for byte, marked as a replay.
-pub(super) fn replay(
-    stored: StoredResponse,
-    marker: &http::HeaderName,
-) -> Response<IdempotencyBody> {
+/// The stored response, byte for byte, marked as a replay, with when its key was first
+/// answered (`Idempotency-Original-Date`) and when it expires (`Idempotency-Key-Expires`).
+pub(super) fn replay(replayed: Replayed, marker: &http::HeaderName) -> Response<IdempotencyBody> {
+    let original_date = http_date(replayed.answered_at());
+    let key_expires = http_date(replayed.expires_at());
+    let stored = replayed.into_response();
     let omitted = stored.body_omitted();
     let (status, headers, body) = stored.into_parts();
     let mut response = Response::new(full(body));
@@ -53,6 +55,8 @@ pub(super) fn replay(
     *response.headers_mut() = headers;
     let headers = response.headers_mut();
     headers.insert(marker.clone(), HeaderValue::from_static("true"));
+    headers.insert(IDEMPOTENCY_ORIGINAL_DATE, original_date);
+    headers.insert(IDEMPOTENCY_KEY_EXPIRES, key_expires);
     if omitted {
         headers.insert(
             http::HeaderName::from_static("idempotent-replay-body"),
@@ -60,4 +64,12 @@ pub(super) fn replay(
         );
     }
     response
+}
+
+/// `time` as an HTTP-date (RFC 9110 §5.6.7, IMF-fixdate), to the second.
+pub(super) fn http_date(time: SystemTime) -> HeaderValue {
+    // Always 29 ASCII characters, so always a valid value; the String becomes its bytes
+    // without a copy.
+    HeaderValue::try_from(httpdate::fmt_http_date(time))
+        .unwrap_or_else(|_| HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))
 }

@@ -13,7 +13,7 @@ use http_body::Body;
 use idempotency_core::{IdempotencyKey, Scope};
 
 /// The request's key: `Ok(None)` when it has none and keys are optional.
-pub(super) fn read_key<S>(
+pub(crate) fn read_key<S>(
     parts: &Parts,
     shared: &Shared<S>,
 ) -> Result<Option<IdempotencyKey>, Refused> {
@@ -41,7 +41,7 @@ pub(super) fn read_key<S>(
 }
 
 /// The request's scope, from the configured source.
-pub(super) fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refused> {
+pub(crate) fn read_scope<S>(parts: &Parts, shared: &Shared<S>) -> Result<Scope, Refused> {
     match &shared.scope {
         ScopeSource::Unscoped => Ok(Scope::unscoped()),
         ScopeSource::Extract(extract) => match extract(parts) {

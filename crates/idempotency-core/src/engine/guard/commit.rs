@@ -17,7 +17,9 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// What the request answers when `record` stands for its key instead of its own.
     fn superseded_by(&self, record: Record) -> Superseded {
         let judged = match self.hold {
-            Hold::Transaction { fingerprint, .. } => judge(record, &fingerprint),
+            Hold::Transaction { fingerprint, .. } => {
+                judge(record, &fingerprint, self.shared.config.retention)
+            }
             // Only the one-transaction modes insert records at commit time.
             Hold::Lease => Judged::Mismatch,
         };
