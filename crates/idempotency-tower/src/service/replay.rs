@@ -45,8 +45,10 @@ pub(super) fn superseded<S>(
 /// The stored response, byte for byte, marked as a replay, with when its key was first
 /// answered (`Idempotency-Original-Date`) and when it expires (`Idempotency-Key-Expires`).
 pub(super) fn replay(replayed: Replayed, marker: &http::HeaderName) -> Response<IdempotencyBody> {
-    let original_date = http_date(replayed.answered_at());
-    let key_expires = http_date(replayed.expires_at());
+    // One clock read for both.
+    let now = SystemTime::now();
+    let original_date = http_date(now.checked_sub(replayed.answered_ago()).unwrap_or(now));
+    let key_expires = http_date(now.checked_add(replayed.expires_in()).unwrap_or(now));
     let stored = replayed.into_response();
     let omitted = stored.body_omitted();
     let (status, headers, body) = stored.into_parts();
