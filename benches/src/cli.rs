@@ -52,6 +52,24 @@ pub(crate) enum Command {
     /// Serves the orders service of `contention` (started by `contention`).
     #[command(hide = true)]
     ServeShop(ServeShopArgs),
+    /// How soon a waiting duplicate gets the answer once the original's is stored, on the same
+    /// instance and on another, per store; prints the Markdown table.
+    Wake(WakeArgs),
+}
+
+/// Settings of the wake bench.
+#[derive(clap::Args, Debug)]
+pub(crate) struct WakeArgs {
+    /// Stores, comma-separated URLs (`memory`, `postgres://...`, `redis://...`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memory,postgres://postgres@127.0.0.1:5432/postgres,redis://127.0.0.1:6379"
+    )]
+    pub(crate) stores: Vec<String>,
+    /// Duplicates per store and instance.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) trials: usize,
 }
 
 /// Settings of the contention bench.

@@ -5,6 +5,7 @@ pub mod contention;
 pub mod http;
 pub mod http_pg;
 pub mod load;
+pub mod wake;
 
 use bytes::Bytes;
 use idempotency::postgres::tokio_postgres;

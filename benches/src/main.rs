@@ -125,6 +125,7 @@ fn main() -> std::process::ExitCode {
             }
         }
         Command::Contention(args) => runtime.block_on(contention(args)),
+        Command::Wake(args) => runtime.block_on(wake(args)),
         Command::ServeShop(args) => {
             // `RUST_LOG=idempotency_core=debug` shows the admitted transactions' limit.
             let _ = tracing_subscriber::fmt()
@@ -346,4 +347,21 @@ async fn http_rows(args: &HttpArgs) -> Result<(), String> {
     .await?;
     print!("{}", http::markdown_table(&compares));
     Ok(())
+}
+
+/// Runs the wake bench on each store and prints its table.
+async fn wake(args: WakeArgs) -> std::process::ExitCode {
+    let mut rows = Vec::new();
+    for url in &args.stores {
+        let other_instance = !url.starts_with("memory");
+        match idempotency_bench::wake::measure(url, args.trials, other_instance).await {
+            Ok(measured) => rows.extend(measured),
+            Err(e) => {
+                eprintln!("wake: {}: {e}", idempotency::redact_credentials(url));
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    println!("{}", idempotency_bench::wake::table(&rows));
+    std::process::ExitCode::SUCCESS
 }

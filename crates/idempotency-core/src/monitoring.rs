@@ -64,6 +64,7 @@ pub const STORE_DURATION_METRIC: &str = "idempotency_store_duration_seconds";
 pub use crate::engine::in_flight::{
     ENGINE_LABEL, KEYS_IN_FLIGHT_METRIC, OLDEST_KEY_IN_FLIGHT_METRIC,
 };
+pub use crate::engine::waiters::{WAITERS_REFUSED_METRIC, WAITING_DUPLICATES_METRIC};
 
 /// Gauge, by `backend`: the records the store holds ([`record_footprint`]).
 pub const STORE_RECORDS_METRIC: &str = "idempotency_store_records";

@@ -168,6 +168,14 @@ pub struct EngineConfig {
     /// How many request transactions run at once on a store whose transactions hold pooled
     /// connections (the PostgreSQL store). Default [`TransactionAdmission::Adaptive`].
     pub transaction_admission: TransactionAdmission,
+    /// With an [`in_flight_wait`](Self#structfield.in_flight_wait): at most this many
+    /// duplicates of one key wait at once on this engine; one more is answered in flight at
+    /// once. Default 16.
+    pub max_waiters_per_key: usize,
+    /// With an [`in_flight_wait`](Self#structfield.in_flight_wait): at most this many
+    /// duplicates wait at once on this engine, all keys together; one more is answered in
+    /// flight at once, so a flood of duplicates cannot hold the server's requests. Default 1024.
+    pub max_waiters: usize,
 }
 
 /// How many request transactions the engine lets run at once on a store whose transactions
@@ -210,6 +218,8 @@ impl Default for EngineConfig {
             in_flight_retry_after: Duration::from_secs(1),
             new_keys_per_scope: None,
             transaction_admission: TransactionAdmission::Adaptive,
+            max_waiters_per_key: 16,
+            max_waiters: 1024,
         }
     }
 }
@@ -235,6 +245,16 @@ impl EngineConfig {
     /// Sets [`in_flight_wait`](Self#structfield.in_flight_wait).
     pub fn in_flight_wait(mut self, wait: Duration) -> Self {
         self.in_flight_wait = wait;
+        self
+    }
+    /// Sets [`max_waiters_per_key`](Self#structfield.max_waiters_per_key).
+    pub fn max_waiters_per_key(mut self, waiters: usize) -> Self {
+        self.max_waiters_per_key = waiters;
+        self
+    }
+    /// Sets [`max_waiters`](Self#structfield.max_waiters).
+    pub fn max_waiters(mut self, waiters: usize) -> Self {
+        self.max_waiters = waiters;
         self
     }
     /// Sets [`heartbeat`](Self#structfield.heartbeat).

@@ -383,6 +383,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             let label = match stored {
                 Ok(FenceOutcome::Applied) => {
                     tracing::info!(backend, "stored the response after the store recovered");
+                    shared.waiters.wake(claim.scope(), claim.key());
                     "deferred_stored"
                 }
                 Ok(FenceOutcome::Stale) => {
@@ -439,6 +440,11 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     fn finish(mut self, completion: Completion) -> Completion {
         self.holding = false;
         self.leave_in_flight();
+        // Its duplicates waiting on this process ask the store now (stored: they replay;
+        // released: one of them runs).
+        self.shared
+            .waiters
+            .wake(self.claim.scope(), self.claim.key());
         if let (Completion::Superseded(_), Some(charge), Some(limiter)) =
             (&completion, self.charge.take(), &self.shared.limiter)
         {

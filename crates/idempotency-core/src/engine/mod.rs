@@ -30,6 +30,7 @@ mod shared;
 mod status;
 mod store_metrics;
 mod timer;
+pub(crate) mod waiters;
 
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy, TransactionAdmission};
 pub use config_error::ConfigError;
@@ -178,6 +179,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         .map(|pool| admission::Admission::new(pool.max, store.backend())),
                     TransactionAdmission::WholePool => None,
                 },
+                waiters: waiters::Waiters::new(config.max_waiters_per_key, config.max_waiters),
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -258,10 +260,15 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let deadline = started + config.in_flight_wait;
         let mut poll = FIRST_POLL;
         let mut seen_running: Option<Duration> = None;
+        // Its place among the duplicates waiting on this process, once it waits.
+        let mut waiting: Option<waiters::Waiting<'_>> = None;
         loop {
             let Some((scope, key, token)) = pending.claim.as_ref() else {
                 unreachable!("the pending claim is only taken when begin returns")
             };
+            // Armed before the store is asked: a request of this process that settles the key
+            // after the store's answer wakes it.
+            let woken = waiting.as_ref().map(waiters::Waiting::notified);
             if seen_running.is_some() {
                 // A claim sent again after waiting.
                 pending.sent_at = Instant::now();
@@ -324,10 +331,26 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         pending.disarm();
                         return Ok(Begin::InFlight { retry_after });
                     }
+                    let Some(woken) = woken else {
+                        drop(woken);
+                        // A place among the waiters, then the store asked again at once with
+                        // the wake armed, so a settle before it cannot be missed; past the
+                        // bounds, answered in flight now.
+                        match self.shared.waiters.join(scope, key) {
+                            Some(place) => waiting = Some(place),
+                            None => {
+                                pending.disarm();
+                                return Ok(Begin::InFlight { retry_after });
+                            }
+                        }
+                        continue;
+                    };
                     let nap = poll
                         .min(deadline - now)
                         .min(lease_remaining.max(FIRST_POLL));
-                    tokio::time::sleep(nap).await;
+                    // Woken by a request of this process, or at the poll: a request of another
+                    // process settles the key unseen.
+                    let _ = tokio::time::timeout(nap, woken).await;
                     poll = (poll * 2).min(MAX_POLL);
                 }
             }

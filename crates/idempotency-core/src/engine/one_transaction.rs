@@ -2,6 +2,7 @@
 //! transaction, and nothing is written before the handler's own writes.
 
 use super::admission::Admitted;
+use super::waiters::Waiting;
 use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
 use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
 use crate::store::StoreOp;
@@ -50,7 +51,11 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         // `Engine::new` refused the speculative mode with a wait, or on a store that cannot
         // queue the lookup.
         let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative;
+        // Its place among the duplicates waiting on this process, once it waits.
+        let mut waiting: Option<Waiting<'_>> = None;
         loop {
+            // Armed before the store is asked (see `Engine::begin`).
+            let woken = waiting.as_ref().map(Waiting::notified);
             // Its place among the transactions admitted at once, before any connection is
             // taken; without a free one, a stored answer is read first (it needs none).
             let place = match self.place_for(&scope, &key).await {
@@ -133,7 +138,17 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             if now >= deadline {
                 return Ok(Begin::InFlight { retry_after });
             }
-            tokio::time::sleep(poll.min(deadline - now)).await;
+            let Some(woken) = woken else {
+                drop(woken);
+                // A place among the waiters, then the store asked again at once with the wake
+                // armed; past the bounds, answered in flight now.
+                match shared.waiters.join(&scope, &key) {
+                    Some(place) => waiting = Some(place),
+                    None => return Ok(Begin::InFlight { retry_after }),
+                }
+                continue;
+            };
+            let _ = tokio::time::timeout(poll.min(deadline - now), woken).await;
             poll = (poll * 2).min(MAX_POLL);
         }
     }

@@ -54,7 +54,10 @@ pub(crate) fn spawn_release<S: IdempotencyStore + 'static>(
             let released = retry_until(claim.deadline(), || shared.release(&claim)).await;
             let backend = shared.store.backend();
             match released {
-                Ok(FenceOutcome::Applied) => tracing::debug!(backend, why, "released the key"),
+                Ok(FenceOutcome::Applied) => {
+                    tracing::debug!(backend, why, "released the key");
+                    shared.waiters.wake(claim.scope(), claim.key());
+                }
                 Ok(FenceOutcome::Stale) => {
                     tracing::debug!(backend, why, "nothing to release: the claim was not ours")
                 }

@@ -33,6 +33,8 @@ pub(crate) struct Shared<S> {
     /// The admission of request transactions, on a store whose transactions hold pooled
     /// connections ([`TransactionAdmission::Adaptive`](crate::TransactionAdmission::Adaptive)).
     pub(crate) admission: Option<Arc<Admission>>,
+    /// Duplicates waiting on this process for a running request's answer.
+    pub(crate) waiters: super::waiters::Waiters,
 }
 
 impl<S> Drop for Shared<S> {

@@ -113,9 +113,26 @@ impl<S, Sc> IdempotencyLayerBuilder<S, Sc> {
     }
 
     /// How long a duplicate waits for the running request before `409` (default zero). Waiting
-    /// is not a store call: it is not bounded by the store timeout.
+    /// is not a store call: it is not bounded by the store timeout. A duplicate on the instance
+    /// that runs the request is answered as soon as its answer is stored; one on another
+    /// instance at its next poll of the store (10 ms, doubling to 250 ms).
     pub fn in_flight_wait(mut self, wait: Duration) -> Self {
         self.engine.in_flight_wait = wait;
+        self
+    }
+
+    /// With [`in_flight_wait`](Self::in_flight_wait): at most this many duplicates of one key
+    /// wait at once (default 16); one more gets `409` at once.
+    pub fn max_waiters_per_key(mut self, waiters: usize) -> Self {
+        self.engine.max_waiters_per_key = waiters;
+        self
+    }
+
+    /// With [`in_flight_wait`](Self::in_flight_wait): at most this many duplicates wait at once,
+    /// all keys together (default 1024); one more gets `409` at once, so a flood of duplicates
+    /// cannot hold the server's requests.
+    pub fn max_waiters(mut self, waiters: usize) -> Self {
+        self.engine.max_waiters = waiters;
         self
     }
 
