@@ -70,6 +70,12 @@ pub(crate) struct WakeArgs {
     /// Duplicates per store and instance.
     #[arg(long, default_value_t = 100)]
     pub(crate) trials: usize,
+    /// The shortest time the original holds its key, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) hold_min_ms: u64,
+    /// The longest time the original holds its key, in milliseconds.
+    #[arg(long, default_value_t = 80)]
+    pub(crate) hold_max_ms: u64,
 }
 
 /// Settings of the contention bench.

@@ -354,7 +354,8 @@ async fn wake(args: WakeArgs) -> std::process::ExitCode {
     let mut rows = Vec::new();
     for url in &args.stores {
         let other_instance = !url.starts_with("memory");
-        match idempotency_bench::wake::measure(url, args.trials, other_instance).await {
+        let hold = args.hold_min_ms..=args.hold_max_ms.max(args.hold_min_ms);
+        match idempotency_bench::wake::measure(url, args.trials, other_instance, hold).await {
             Ok(measured) => rows.extend(measured),
             Err(e) => {
                 eprintln!("wake: {}: {e}", idempotency::redact_credentials(url));

@@ -50,12 +50,13 @@ fn config() -> EngineConfig {
 }
 
 /// Measures `trials` duplicates on the store at `url`, on the same engine and (when
-/// `other_instance`) on another; the original holds its key 20 to 80 ms, so the duplicate's
-/// polls land anywhere in their backoff.
+/// `other_instance`) on another; the original holds its key for a time spread evenly over
+/// `hold` (milliseconds), so the duplicate's polls land anywhere in their backoff.
 pub async fn measure(
     url: &str,
     trials: usize,
     other_instance: bool,
+    hold: std::ops::RangeInclusive<u64>,
 ) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let store: Arc<dyn IdempotencyStore> = idempotency::connect(url).await?;
     let original = Engine::new(store, config())?;
@@ -101,8 +102,9 @@ pub async fn measure(
                     (answer, Instant::now())
                 }
             });
-            // 20 to 80 ms, spread over the trials.
-            let held = Duration::from_millis(20 + (trial as u64 * 37) % 61);
+            // Spread over the range, trial by trial.
+            let span = hold.end().saturating_sub(*hold.start()) + 1;
+            let held = Duration::from_millis(hold.start() + (trial as u64 * 37) % span);
             tokio::time::sleep(held).await;
             let completion = guard.complete(response.clone()).await;
             let stored = Instant::now();

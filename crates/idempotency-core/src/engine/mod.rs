@@ -260,15 +260,16 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let deadline = started + config.in_flight_wait;
         let mut poll = FIRST_POLL;
         let mut seen_running: Option<Duration> = None;
-        // Its place among the duplicates waiting on this process, once it waits.
-        let mut waiting: Option<waiters::Waiting<'_>> = None;
+        // Its place among the duplicates waiting on this process, once it waits. Boxed, like
+        // its wake below: every request's claim future carries these, few ever wait.
+        let mut waiting: Option<Box<waiters::Waiting<'_>>> = None;
         loop {
             let Some((scope, key, token)) = pending.claim.as_ref() else {
                 unreachable!("the pending claim is only taken when begin returns")
             };
             // Armed before the store is asked: a request of this process that settles the key
             // after the store's answer wakes it.
-            let woken = waiting.as_ref().map(waiters::Waiting::notified);
+            let woken = waiting.as_deref().map(waiters::Waiting::notified);
             if seen_running.is_some() {
                 // A claim sent again after waiting.
                 pending.sent_at = Instant::now();
@@ -332,12 +333,11 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         return Ok(Begin::InFlight { retry_after });
                     }
                     let Some(woken) = woken else {
-                        drop(woken);
                         // A place among the waiters, then the store asked again at once with
                         // the wake armed, so a settle before it cannot be missed; past the
                         // bounds, answered in flight now.
                         match self.shared.waiters.join(scope, key) {
-                            Some(place) => waiting = Some(place),
+                            Some(place) => waiting = Some(Box::new(place)),
                             None => {
                                 pending.disarm();
                                 return Ok(Begin::InFlight { retry_after });

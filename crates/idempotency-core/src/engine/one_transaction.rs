@@ -52,10 +52,10 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         // queue the lookup.
         let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative;
         // Its place among the duplicates waiting on this process, once it waits.
-        let mut waiting: Option<Waiting<'_>> = None;
+        let mut waiting: Option<Box<Waiting<'_>>> = None;
         loop {
             // Armed before the store is asked (see `Engine::begin`).
-            let woken = waiting.as_ref().map(Waiting::notified);
+            let woken = waiting.as_deref().map(Waiting::notified);
             // Its place among the transactions admitted at once, before any connection is
             // taken; without a free one, a stored answer is read first (it needs none).
             let place = match self.place_for(&scope, &key).await {
@@ -139,11 +139,10 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 return Ok(Begin::InFlight { retry_after });
             }
             let Some(woken) = woken else {
-                drop(woken);
                 // A place among the waiters, then the store asked again at once with the wake
                 // armed; past the bounds, answered in flight now.
                 match shared.waiters.join(&scope, &key) {
-                    Some(place) => waiting = Some(place),
+                    Some(place) => waiting = Some(Box::new(place)),
                     None => return Ok(Begin::InFlight { retry_after }),
                 }
                 continue;

@@ -139,9 +139,12 @@ impl Waiters {
 
 impl Waiting<'_> {
     /// A future that resolves at the next wake of this key. Made before the store is asked
-    /// again: a wake between that answer and the wait is then not missed.
-    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
+    /// again: a wake between that answer and the wait is then not missed. Boxed and owned, so
+    /// that the claim's future, which every request carries, holds a pointer for it rather
+    /// than the future itself (with the place boxed too: 1,160 bytes, against 1,120 before waiting
+    /// was woken and 1,232 with both inline, measured on the memory store).
+    pub(crate) fn notified(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
+        Box::pin(Arc::clone(&self.notify).notified_owned())
     }
 }
 
