@@ -83,7 +83,7 @@ impl Waiters {
     pub(crate) fn join(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Waiting<'_>> {
         let id = self.id(scope, key);
         let mut keys = self.lock();
-        if self.waiting.load(Ordering::Relaxed) >= self.total {
+        if self.waiting.load(Ordering::Relaxed) >= self.total || self.per_key == 0 {
             drop(keys);
             metrics::counter!(WAITERS_REFUSED_METRIC).increment(1);
             return None;
@@ -228,6 +228,14 @@ mod tests {
         assert!(
             waiters.join(&s, &c).is_some(),
             "a place given back is taken"
+        );
+        assert!(
+            Waiters::new(0, 16).join(&s, &a).is_none(),
+            "no waiter per key: none waits"
+        );
+        assert!(
+            Waiters::new(4, 0).join(&s, &a).is_none(),
+            "no waiter in all: none waits"
         );
     }
 }
