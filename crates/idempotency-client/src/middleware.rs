@@ -203,24 +203,23 @@ impl Middleware for IdempotentRetry {
                 key
             }
         };
-        if request.try_clone().is_none() {
-            return Err(reqwest_middleware::Error::middleware(
-                ClientError::BodyNotReplayable,
-            ));
-        }
         let deadline = Instant::now() + settings.deadline;
         let mut attempts = 0;
+        // Each attempt but the last sends a copy; the last sends the request itself. A body that
+        // cannot be copied (a stream) is refused at the first attempt, before anything is sent.
+        let mut request = Some(request);
         loop {
             attempts += 1;
             let last = attempts >= settings.max_attempts;
-            // Checked above: a body that clones once clones every time.
-            let this = match request.try_clone() {
-                Some(copy) => copy,
-                None => {
-                    return Err(reqwest_middleware::Error::middleware(
-                        ClientError::BodyNotReplayable,
-                    ));
-                }
+            let this = match request.as_ref() {
+                Some(_) if last => request.take(),
+                Some(original) => original.try_clone(),
+                None => None,
+            };
+            let Some(this) = this else {
+                return Err(reqwest_middleware::Error::middleware(
+                    ClientError::BodyNotReplayable,
+                ));
             };
             let sent = tokio::time::timeout_at(deadline, next.clone().run(this, extensions)).await;
             let wait = match sent {

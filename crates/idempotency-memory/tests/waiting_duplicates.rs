@@ -175,3 +175,22 @@ async fn a_duplicate_on_another_instance_is_answered_at_its_next_poll() {
     // No wake crosses engines here: the next poll finds it, at most 250 ms on.
     assert!(answered > stored && answered - stored <= Duration::from_millis(250));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_guard_wakes_its_duplicate_once_its_key_is_released() {
+    let store = Store::default();
+    let engine = engine(&store, waiting());
+    let k = key("dropped");
+    let guard = proceed(&engine, &k).await;
+    let waiter = duplicate(&engine, &k);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A handler's panic or its cancelled future: the key is released in the background.
+    drop(guard);
+    let dropped = Instant::now();
+    let (answer, answered) = waiter.await.unwrap();
+    assert!(
+        matches!(answer, Begin::Proceed(_)),
+        "the duplicate takes the freed key"
+    );
+    assert_eq!(answered, dropped, "woken by the release, not at a poll");
+}

@@ -63,16 +63,29 @@ impl<S: IdempotencyStore + 'static> IdempotencyLayer<S> {
     ///
     /// ```
     /// use axum::{Router, routing::post};
+    /// use idempotency_core::Scope;
     /// use idempotency_memory::MemoryStore;
     /// use idempotency_tower::IdempotencyLayer;
+    ///
+    /// #[derive(Clone)]
+    /// struct UserId(String); // inserted by your authentication layer
+    ///
+    /// impl TryFrom<UserId> for Scope {
+    ///     type Error = idempotency_core::ScopeError;
+    ///     fn try_from(user: UserId) -> Result<Scope, Self::Error> {
+    ///         Scope::new(user.0)
+    ///     }
+    /// }
+    ///
     /// # fn main() -> Result<(), idempotency_core::ConfigError> {
     /// let layer = IdempotencyLayer::builder(MemoryStore::default())
-    ///     .scope_with(|req| req.headers.get("x-user").and_then(|v| v.to_str().ok()?.try_into().ok()))
+    ///     .scope_from_extension::<UserId>()
     ///     .build()?;
     /// let app: Router = Router::new()
     ///     .route("/orders", post(|| async { "created" }))
-    ///     .layer(layer.clone())
-    ///     // GET /idempotency-status with the key in the `Idempotency-Key` header.
+    ///     .route_layer(layer.clone())
+    ///     // GET /idempotency-status with the key in `Idempotency-Key`; added after the layer,
+    ///     // so not covered by it. Authentication goes over both (`.layer(..)` last).
     ///     .route_service("/idempotency-status", layer.key_status_service());
     /// # let _ = app; Ok(()) }
     /// ```
@@ -142,14 +155,14 @@ fn json(status: &KeyStatus) -> Response<IdempotencyBody> {
             serde_json::json!({ "state": "in_flight", "retry_after_seconds": seconds })
         }
         KeyStatus::Completed { status: code, .. } => {
-            let date = |time: Option<std::time::SystemTime>| {
-                time.map(httpdate::fmt_http_date).unwrap_or_default()
-            };
+            let (answered, expires) = status
+                .dates()
+                .unwrap_or((std::time::UNIX_EPOCH, std::time::UNIX_EPOCH));
             serde_json::json!({
                 "state": "completed",
                 "status": code.as_u16(),
-                "answered": date(status.answered_at()),
-                "expires": date(status.expires_at()),
+                "answered": httpdate::fmt_http_date(answered),
+                "expires": httpdate::fmt_http_date(expires),
             })
         }
         // Absent, and any state a later version reports: the client sends the request again.

@@ -488,7 +488,11 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
                     tracing::warn!(error = %ErrorChain(&error), "could not roll back a dropped request's transaction; it ends with its connection");
                 }
                 if release {
+                    // Wakes the key's waiting duplicates once the release is applied.
                     spawn_release(shared, claim, "dropped guard");
+                } else {
+                    // The transaction was the key's only hold: rolled back, the key is free.
+                    shared.waiters.wake(claim.scope(), claim.key());
                 }
             },
             &runtime,

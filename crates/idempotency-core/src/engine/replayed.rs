@@ -19,13 +19,12 @@ pub struct Replayed {
 impl Replayed {
     /// A stored `response` whose record expires in `expires_in` (by the store's clock, as read)
     /// and was kept for `retention` when it was stored: it was first answered
-    /// `retention - expires_in` ago. A record stored under a longer retention than today's
-    /// reads as answered just now (the difference saturates at zero).
+    /// `retention - expires_in` ago ([`answered_ago`]).
     pub fn new(response: StoredResponse, expires_in: Duration, retention: Duration) -> Self {
         Replayed {
             response,
             expires_in,
-            answered_ago: retention.saturating_sub(expires_in),
+            answered_ago: answered_ago(retention, expires_in),
         }
     }
 
@@ -51,19 +50,28 @@ impl Replayed {
         self.answered_ago
     }
 
-    /// When the first request was answered, by this process's clock.
-    pub fn answered_at(&self) -> SystemTime {
-        SystemTime::now()
-            .checked_sub(self.answered_ago)
-            .unwrap_or(SystemTime::UNIX_EPOCH)
+    /// When the first request was answered and when the key expires, by this process's clock
+    /// (read once for both).
+    pub fn dates(&self) -> (SystemTime, SystemTime) {
+        dates(self.answered_ago, self.expires_in)
     }
+}
 
-    /// When the key expires, by this process's clock.
-    pub fn expires_at(&self) -> SystemTime {
-        SystemTime::now()
-            .checked_add(self.expires_in)
-            .unwrap_or(SystemTime::now())
-    }
+/// How long ago a record that expires in `expires_in` was stored, under `retention`. A record
+/// stored under a longer retention than today's reads as answered just now (the difference
+/// saturates at zero). The one rule for a replay's and a status's first answer.
+pub(crate) fn answered_ago(retention: Duration, expires_in: Duration) -> Duration {
+    retention.saturating_sub(expires_in)
+}
+
+/// `answered_ago` before now and `expires_in` after it, by one reading of this process's clock.
+pub(crate) fn dates(answered_ago: Duration, expires_in: Duration) -> (SystemTime, SystemTime) {
+    let now = SystemTime::now();
+    (
+        now.checked_sub(answered_ago)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+        now.checked_add(expires_in).unwrap_or(now),
+    )
 }
 
 impl Deref for Replayed {
@@ -98,11 +106,10 @@ mod tests {
         assert_eq!(replayed, response);
         assert_eq!(replayed.status(), StatusCode::CREATED);
         let now = SystemTime::now();
-        let answered = replayed.answered_at();
+        let (answered, expires) = replayed.dates();
         // Read after `now`, by up to a minute of a slow machine.
         assert!(answered >= now - Duration::from_secs(600));
         assert!(answered < now - Duration::from_secs(540));
-        let expires = replayed.expires_at();
         assert!(expires >= now + Duration::from_secs(3_000));
         assert!(expires < now + Duration::from_secs(3_060));
     }

@@ -1,6 +1,7 @@
 //! [`Engine::status`]: what became of a key, without sending its request again.
 
 use super::Engine;
+use super::replayed::{answered_ago, dates};
 use crate::store::{RecordState, StoreOp};
 use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError};
 use http::StatusCode;
@@ -38,25 +39,15 @@ pub enum KeyStatus {
 }
 
 impl KeyStatus {
-    /// When a completed key was first answered, by this process's clock.
-    pub fn answered_at(&self) -> Option<SystemTime> {
+    /// For a completed key: when it was first answered and when it expires, by this process's
+    /// clock (read once for both).
+    pub fn dates(&self) -> Option<(SystemTime, SystemTime)> {
         match self {
-            KeyStatus::Completed { answered_ago, .. } => Some(
-                SystemTime::now()
-                    .checked_sub(*answered_ago)
-                    .unwrap_or(SystemTime::UNIX_EPOCH),
-            ),
-            _ => None,
-        }
-    }
-
-    /// When a completed key expires, by this process's clock.
-    pub fn expires_at(&self) -> Option<SystemTime> {
-        match self {
-            KeyStatus::Completed { expires_in, .. } => {
-                let now = SystemTime::now();
-                Some(now.checked_add(*expires_in).unwrap_or(now))
-            }
+            KeyStatus::Completed {
+                answered_ago,
+                expires_in,
+                ..
+            } => Some(dates(*answered_ago, *expires_in)),
             _ => None,
         }
     }
@@ -91,7 +82,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 retention_remaining,
             }) => KeyStatus::Completed {
                 status: response.status(),
-                answered_ago: shared.config.retention.saturating_sub(retention_remaining),
+                answered_ago: answered_ago(shared.config.retention, retention_remaining),
                 expires_in: retention_remaining,
             },
         })

@@ -45,10 +45,8 @@ pub(super) fn superseded<S>(
 /// The stored response, byte for byte, marked as a replay, with when its key was first
 /// answered (`Idempotency-Original-Date`) and when it expires (`Idempotency-Key-Expires`).
 pub(super) fn replay(replayed: Replayed, marker: &http::HeaderName) -> Response<IdempotencyBody> {
-    // One clock read for both.
-    let now = SystemTime::now();
-    let original_date = http_date(now.checked_sub(replayed.answered_ago()).unwrap_or(now));
-    let key_expires = http_date(now.checked_add(replayed.expires_in()).unwrap_or(now));
+    let (answered, expires) = replayed.dates();
+    let (original_date, key_expires) = (http_date(answered), http_date(expires));
     let stored = replayed.into_response();
     let omitted = stored.body_omitted();
     let (status, headers, body) = stored.into_parts();
@@ -69,7 +67,7 @@ pub(super) fn replay(replayed: Replayed, marker: &http::HeaderName) -> Response<
 }
 
 /// `time` as an HTTP-date (RFC 9110 §5.6.7, IMF-fixdate), to the second.
-pub(super) fn http_date(time: SystemTime) -> HeaderValue {
+pub(crate) fn http_date(time: SystemTime) -> HeaderValue {
     // Always 29 ASCII characters, so always a valid value; the String becomes its bytes
     // without a copy.
     HeaderValue::try_from(httpdate::fmt_http_date(time))
