@@ -19,7 +19,8 @@ pub struct Replayed {
 impl Replayed {
     /// A stored `response` whose record expires in `expires_in` (by the store's clock, as read)
     /// and was kept for `retention` when it was stored: it was first answered
-    /// `retention - expires_in` ago ([`answered_ago`]).
+    /// `retention - expires_in` ago; a record stored under a longer retention than today's reads as
+    /// answered just now.
     pub fn new(response: StoredResponse, expires_in: Duration, retention: Duration) -> Self {
         Replayed {
             response,
