@@ -19,6 +19,7 @@ mod test_store;
 mod transaction;
 
 pub use derived_key::DerivedKey;
+pub use engine::protocol;
 pub use engine::{
     Begin, ClaimMode, Completion, ConfigError, Drain, Engine, EngineConfig, Guard, KeyClaim,
     KeyStatus, ReplayPolicy, Replayed, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,

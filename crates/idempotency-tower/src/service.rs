@@ -15,8 +15,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body::Body;
 use idempotency_core::{
-    Begin, Completion, ErrorChain, Guard, IdempotencyStore, RollbackCause, StoreError,
-    StoredResponse,
+    Begin, Completion, ErrorChain, Guard, IdempotencyStore, StoreError, StoredResponse,
 };
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -31,7 +30,7 @@ mod replay;
 mod request;
 mod stored_or_not;
 
-use replay::{replay, superseded};
+use replay::{after_completion, replay, superseded};
 
 use log_fields::{KeyHash, panic_message};
 use request::{original_uri, read_request_body};
@@ -351,23 +350,11 @@ where
                 if !matches!(released, Completion::Superseded(_)) {
                     Outcome::Executed.record(&route);
                 }
-                match released {
-                    Completion::Superseded(other) => {
-                        return Ok(superseded(&shared, &route, other));
-                    }
-                    // The speculative lookup could not be settled: the handler may have built
-                    // its answer from statements the database refused (the key was another's),
-                    // so it is not passed on. Nothing committed; the retry tells the truth.
-                    Completion::RolledBack(_) => {
-                        return Ok(answer(
-                            &shared,
-                            Problem::NotCommitted {
-                                retry_after: RETRY_AFTER,
-                            },
-                        ));
-                    }
-                    _ => return Ok(Response::from_parts(parts, boxed(body))),
-                }
+                // The speculative lookup may not have been settled: the handler may then have
+                // built its answer from statements the database refused, so only what core
+                // says agrees with the key is passed on.
+                return Ok(after_completion(&shared, &route, released)
+                    .unwrap_or_else(|| Response::from_parts(parts, boxed(body))));
             }
             let cap = shared.settings.max_stored_body;
             let (stored, body) = match keep_up_to(body, cap).await {
@@ -395,22 +382,8 @@ where
             if !matches!(completion, Completion::Superseded(_)) {
                 Outcome::Executed.record(&route);
             }
-            let answer = match completion {
-                Completion::RolledBack(RollbackCause::LeaseLost) => Problem::InFlight {
-                    retry_after: RETRY_AFTER,
-                },
-                Completion::RolledBack(_) => Problem::NotCommitted {
-                    retry_after: RETRY_AFTER,
-                },
-                Completion::OutcomeUnknown => Problem::OutcomeUnknown {
-                    retry_after: RETRY_AFTER,
-                },
-                Completion::TransactionMisused => Problem::TransactionMisused,
-                // Answered as the record's or the duplicate's retry would be.
-                Completion::Superseded(other) => return Ok(superseded(&shared, &route, other)),
-                _ => return Ok(Response::from_parts(parts, body)),
-            };
-            Ok(self::answer(&shared, answer))
+            Ok(after_completion(&shared, &route, completion)
+                .unwrap_or_else(|| Response::from_parts(parts, body)))
         }
         .in_current_span(),
     );

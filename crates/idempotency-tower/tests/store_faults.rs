@@ -503,32 +503,44 @@ async fn a_handler_sees_its_token_and_when_its_lease_is_lost() {
         .build()
         .expect("valid idempotency layer settings");
     let inner = store.inner().clone();
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
     let app = Router::new()
         .route(
             "/watch",
-            post(move |Extension(claim): Extension<KeyClaim>| async move {
-                assert_eq!(claim.key().as_str(), KEY);
-                assert!(claim.is_held());
-                let by_token = inner
-                    .extend(claim.scope(), claim.key(), claim.token(), Duration::from_millis(600))
-                    .await
-                    .unwrap();
-                let started = Instant::now();
-                tokio::select! {
-                    () = claim.lost() => {
-                        assert!(!claim.is_held());
-                        format!("{by_token:?}; lost after {} ms", started.elapsed().as_millis() / 100 * 100)
-                    }
-                    () = tokio::time::sleep(Duration::from_secs(5)) => "kept".to_owned(),
+            post({
+                let seen = seen.clone();
+                move |Extension(claim): Extension<KeyClaim>| async move {
+                    assert_eq!(claim.key().as_str(), KEY);
+                    assert!(claim.is_held());
+                    let by_token = inner
+                        .extend(claim.scope(), claim.key(), claim.token(), Duration::from_millis(600))
+                        .await
+                        .unwrap();
+                    let started = Instant::now();
+                    let what = tokio::select! {
+                        () = claim.lost() => {
+                            assert!(!claim.is_held());
+                            format!("{by_token:?}; lost after {} ms", started.elapsed().as_millis() / 100 * 100)
+                        }
+                        () = tokio::time::sleep(Duration::from_secs(5)) => "kept".to_owned(),
+                    };
+                    *seen.lock().unwrap() = what.clone();
+                    what
                 }
             }),
         )
         .layer(layer);
     store.set(StoreOp::Extend, Fault::Fail);
     let (status, body) = send(&app, post_to("/watch")).await;
-    let body = String::from_utf8_lossy(&body);
-    assert_eq!(status, StatusCode::OK);
-    assert!(body.starts_with("Applied; lost after "), "{body}");
+    let what = seen.lock().unwrap().clone();
+    assert!(what.starts_with("Applied; lost after "), "{what}");
+    // Its lease lost, its response is not what the key stands for: the client is told to retry.
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     assert!(
         store.calls(StoreOp::Extend) > 0,
         "the heartbeat must have tried"

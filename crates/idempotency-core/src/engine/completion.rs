@@ -14,8 +14,11 @@ pub enum Completion {
     /// released it. The request's transaction, if it opened one, was rolled back.
     Released,
     /// The lease had been lost (the key was taken over, released or expired): nothing was
-    /// stored. Without a transaction the side effect did happen, so the response still goes to
-    /// this client, while retries get the other request's.
+    /// stored. The client is told to retry ([`Completion::answer`]): the key stands for the
+    /// answer of the request that holds it now, which the retry gets, and the handler's response
+    /// may say the opposite. Without a transaction this request's side effect did happen: the
+    /// heartbeat makes a lost lease rare (a process frozen past its lease, or a store out for
+    /// as long), see `docs/failure-modes.md`.
     Stale,
     /// The store failed after the handler ran. The claim is kept (retries get "in flight"),
     /// and the response is stored, or the key released, in the background, retrying until the

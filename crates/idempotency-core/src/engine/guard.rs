@@ -7,6 +7,7 @@ use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
+use super::protocol;
 use super::retry::{retry_until, spawn_release};
 use super::shared::Shared;
 use crate::store::StoreOp;
@@ -357,17 +358,33 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     async fn store(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
         match shared.complete(&self.claim, &response).await {
-            Ok(FenceOutcome::Applied) => Completion::Stored,
-            Ok(FenceOutcome::Stale) => self.lost("the response was not stored"),
+            Ok(outcome) => {
+                let completion = protocol::after_store(Ok(outcome), true);
+                if completion == Completion::Stale {
+                    self.lost("the response was not stored");
+                }
+                completion
+            }
             Err(error) => {
+                let within_lease = tokio::time::Instant::now() < self.claim.deadline();
+                let completion = protocol::after_store(Err(&error), within_lease);
+                if completion == Completion::Deferred {
+                    tracing::warn!(
+                        backend = shared.store.backend(),
+                        error = %ErrorChain(&error),
+                        "could not store the response; the key stays claimed and storing is \
+                         retried in the background until its lease runs out"
+                    );
+                    self.spawn_deferred_store(response);
+                    return completion;
+                }
                 tracing::warn!(
                     backend = shared.store.backend(),
                     error = %ErrorChain(&error),
-                    "could not store the response; the key stays claimed and storing is retried \
-                     in the background until its lease runs out"
+                    "could not store the response, and the lease has run out by this process's \
+                     clock: another request may hold the key, so the client is told to retry"
                 );
-                self.spawn_deferred_store(response);
-                Completion::Deferred
+                self.lost("the response was not stored")
             }
         }
     }

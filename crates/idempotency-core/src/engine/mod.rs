@@ -9,6 +9,7 @@
 //! - `shared.rs`: what every guard and background task of one engine shares, and its bounded,
 //!   timed store calls;
 //! - `retry.rs`: the background retries that keep a claim's promises;
+//! - `protocol.rs`: the protocol's decisions as pure functions, which the model checker calls too;
 //! - `replayed.rs`: a stored answer as a duplicate gets it; `status.rs`: [`Engine::status`],
 //!   what became of a key.
 
@@ -24,6 +25,7 @@ mod limit;
 mod one_transaction;
 mod opener;
 mod pending;
+pub mod protocol;
 mod replayed;
 mod retry;
 mod shared;
@@ -40,10 +42,11 @@ pub use limit::ScopeLimit;
 pub use replayed::Replayed;
 pub use status::KeyStatus;
 
+use crate::store::ClaimOutcome;
 use crate::store::StoreOp;
-use crate::store::{ClaimOutcome, Record, RecordState};
 use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use pending::PendingClaim;
+use protocol::{Judged, judge};
 use shared::Shared;
 use std::fmt;
 use std::sync::Arc;
@@ -130,31 +133,6 @@ impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
 
 const FIRST_POLL: Duration = Duration::from_millis(10);
 const MAX_POLL: Duration = Duration::from_millis(250);
-
-/// What a live record means for a request with a given fingerprint.
-pub(crate) enum Judged {
-    /// Another request's record: answer 422.
-    Mismatch,
-    /// The same request, completed: replay it.
-    Replay(Replayed),
-    /// The same request, still running; its lease has this long left.
-    Running(Duration),
-}
-
-/// The one rule for a live record found by a request with `fingerprint`, on an engine that
-/// keeps responses for `retention`.
-pub(crate) fn judge(record: Record, fingerprint: &Fingerprint, retention: Duration) -> Judged {
-    if record.fingerprint != *fingerprint {
-        return Judged::Mismatch;
-    }
-    match record.state {
-        RecordState::Completed {
-            response,
-            retention_remaining,
-        } => Judged::Replay(Replayed::new(response, retention_remaining, retention)),
-        RecordState::InFlight { lease_remaining } => Judged::Running(lease_remaining),
-    }
-}
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// An engine over `store` with `config`, or why `config` cannot run on `store`

@@ -2,8 +2,9 @@
 //! transaction, and nothing is written before the handler's own writes.
 
 use super::admission::Admitted;
+use super::protocol::{Judged, judge};
 use super::waiters::Waiting;
-use super::{Engine, FIRST_POLL, Judged, MAX_POLL, judge};
+use super::{Engine, FIRST_POLL, MAX_POLL};
 use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
 use crate::store::StoreOp;
 use crate::store::{OneTransactionBegin, Record};

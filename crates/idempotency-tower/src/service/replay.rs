@@ -6,7 +6,10 @@ use crate::body::{IdempotencyBody, full};
 use crate::config::Shared;
 use crate::route::{Outcome, Route};
 use http::{HeaderValue, Response};
-use idempotency_core::{IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_ORIGINAL_DATE, Replayed, Superseded};
+use idempotency_core::protocol::Answer;
+use idempotency_core::{
+    Completion, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_ORIGINAL_DATE, Replayed, Superseded,
+};
 use std::time::SystemTime;
 
 /// What a request answers when its key turned out another's as its guard ended: a duplicate
@@ -40,6 +43,38 @@ pub(super) fn superseded<S>(
             },
         ),
     }
+}
+
+/// What the client of a request that ran is answered, as core decides it
+/// ([`Completion::answer`]): `None` for the handler's own response, otherwise the key's
+/// answer. A request whose key turned out another's ([`Completion::Superseded`]) is counted
+/// under that answer's outcome too ([`superseded`]).
+pub(super) fn after_completion<S>(
+    shared: &Shared<S>,
+    route: &Route,
+    completion: Completion,
+) -> Option<Response<IdempotencyBody>> {
+    if let Completion::Superseded(other) = completion {
+        return Some(superseded(shared, route, other));
+    }
+    let problem = match completion.answer() {
+        Answer::HandlerResponse => return None,
+        Answer::Replay(stored) => return Some(replay(stored, &shared.settings.replay_header)),
+        Answer::Mismatch => Problem::Mismatch,
+        Answer::InFlight { retry_after } => Problem::InFlight { retry_after },
+        Answer::NotCommitted => Problem::NotCommitted {
+            retry_after: RETRY_AFTER,
+        },
+        Answer::OutcomeUnknown => Problem::OutcomeUnknown {
+            retry_after: RETRY_AFTER,
+        },
+        Answer::TransactionMisused => Problem::TransactionMisused,
+        // An answer this version does not know: the retry finds out.
+        _ => Problem::InFlight {
+            retry_after: RETRY_AFTER,
+        },
+    };
+    Some(answer(shared, problem))
 }
 
 /// The stored response, byte for byte, marked as a replay, with when its key was first

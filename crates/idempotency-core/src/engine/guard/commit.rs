@@ -4,11 +4,9 @@
 
 use super::{Completion, Guard, Hold, RollbackCause, Superseded};
 use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
+use crate::engine::protocol::{self, Judged, judge};
 use crate::engine::retry::spawn_release;
-use crate::engine::{Judged, judge};
-use crate::store::{
-    ClaimOutcome, CommitOutcome, DiscardOutcome, FenceOutcome, Record, StoreTransaction,
-};
+use crate::store::{ClaimOutcome, CommitOutcome, DiscardOutcome, Record, StoreTransaction};
 use crate::store::{Settled, StoreOp};
 use crate::{ErrorChain, IdempotencyStore, StoreError, StoredResponse};
 use std::sync::Arc;
@@ -23,11 +21,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             // Only the one-transaction modes insert records at commit time.
             Hold::Lease => Judged::Mismatch,
         };
-        match judged {
-            Judged::Mismatch => Superseded::Mismatch,
-            Judged::Replay(response) => Superseded::Replay(response),
-            Judged::Running(retry_after) => Superseded::InFlight { retry_after },
-        }
+        protocol::superseded(judged)
     }
 
     /// For a speculative transaction, waits for the key's lookup: the transaction back when
@@ -163,11 +157,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                         "transaction not committed",
                     );
                 }
-                if unknown {
-                    Completion::OutcomeUnknown
-                } else {
-                    Completion::RolledBack(RollbackCause::Store)
-                }
+                protocol::after_failed_commit(&error)
             }
         }
     }
@@ -207,11 +197,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     // The claim's record still holds the key: give it back for the retry.
                     spawn_release(Arc::clone(shared), self.claim.clone(), "discard not stored");
                 }
-                if error.is_unreachable() {
-                    Completion::OutcomeUnknown
-                } else {
-                    Completion::RolledBack(RollbackCause::Store)
-                }
+                protocol::after_failed_commit(&error)
             }
         }
     }
@@ -305,8 +291,13 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             )
             .await
         {
-            Ok(FenceOutcome::Applied) => Completion::Released,
-            Ok(FenceOutcome::Stale) => self.lost("the key was not released"),
+            Ok(outcome) => {
+                let completion = protocol::after_release(Ok(outcome));
+                if completion == Completion::Stale {
+                    self.lost("the key was not released");
+                }
+                completion
+            }
             Err(error) => {
                 tracing::warn!(
                     backend = shared.store.backend(),
@@ -314,7 +305,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     "could not release the key; retrying in the background until its lease runs out"
                 );
                 spawn_release(Arc::clone(shared), claim.clone(), "failed release");
-                Completion::Deferred
+                protocol::after_release(Err(&error))
             }
         }
     }

@@ -1,0 +1,100 @@
+//! Each claim mode checked exhaustively with its faults (every property holds, every
+//! "sometimes" is reached), and each seeded bug class found by the checker.
+
+use idempotency_model::{Bug, Mode, Protocol, properties};
+use stateright::{Checker, HasDiscoveries, Model};
+use std::collections::BTreeSet;
+
+fn check_mode(mode: Mode) {
+    let checker = Protocol::new(mode).checker().threads(2).spawn_bfs().join();
+    eprintln!(
+        "{mode:?}: {} states, {} unique",
+        checker.state_count(),
+        checker.unique_state_count()
+    );
+    // Every `always` and `eventually` property holds, and every `sometimes` was reached.
+    checker.assert_properties();
+}
+
+#[test]
+fn the_lease_mode_without_transactions_keeps_every_property() {
+    check_mode(Mode::Lease);
+}
+
+#[test]
+fn the_lease_mode_with_the_request_transaction_keeps_every_property() {
+    check_mode(Mode::LeaseInTransaction);
+}
+
+#[test]
+fn the_one_transaction_mode_keeps_every_property() {
+    check_mode(Mode::OneTransaction);
+}
+
+#[test]
+fn the_speculative_mode_keeps_every_property() {
+    check_mode(Mode::Speculative);
+}
+
+/// Checks `mode` with `bug` seeded until `property` fails, and shows the steps that broke it.
+fn finds(mode: Mode, bug: Bug, property: &'static str) {
+    let checker = Protocol::new(mode)
+        .with_bug(bug)
+        .checker()
+        .threads(2)
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+        .spawn_bfs()
+        .join();
+    let path = checker.assert_any_discovery(property);
+    eprintln!(
+        "{bug:?} in {mode:?} breaks \"{property}\": {:?}",
+        path.into_actions()
+    );
+}
+
+#[test]
+fn a_release_after_a_failed_completion_is_found() {
+    finds(
+        Mode::Lease,
+        Bug::ReleaseAfterFailedCompletion,
+        properties::AT_MOST_ONE_EFFECT,
+    );
+}
+
+#[test]
+fn a_refusal_stored_after_its_lock_is_released_is_found() {
+    for mode in [Mode::OneTransaction, Mode::Speculative] {
+        finds(
+            mode,
+            Bug::RefusalStoredAfterLockReleased,
+            properties::ONE_ANSWER,
+        );
+    }
+}
+
+#[test]
+fn a_takeover_without_fencing_is_found() {
+    finds(
+        Mode::LeaseInTransaction,
+        Bug::TakeoverWithoutFencing,
+        properties::AT_MOST_ONE_EFFECT,
+    );
+}
+
+#[test]
+fn a_handler_response_through_a_failed_settle_is_found() {
+    finds(
+        Mode::Speculative,
+        Bug::HandlerResponseThroughFailedSettle,
+        properties::NO_REFUSED_STATEMENTS,
+    );
+}
+
+#[test]
+fn a_lost_lease_that_answers_its_own_response_is_found() {
+    finds(
+        Mode::Lease,
+        Bug::LostLeaseAnswersItsOwnResponse,
+        properties::ONE_ANSWER,
+    );
+}
