@@ -98,3 +98,29 @@ fn a_lost_lease_that_answers_its_own_response_is_found() {
         properties::ONE_ANSWER,
     );
 }
+
+/// A second client sends another body with the same key: in every mode, with every fault, no
+/// client gets a response made for the other body, and the rest still holds.
+#[test]
+fn another_request_with_the_same_key_never_gets_the_first_ones_response() {
+    for mode in [
+        Mode::Lease,
+        Mode::LeaseInTransaction,
+        Mode::OneTransaction,
+        Mode::Speculative,
+    ] {
+        let mut protocol = Protocol::new(mode);
+        protocol.bodies = vec![0, 1];
+        let checker = protocol.checker().threads(2).spawn_bfs().join();
+        for property in [
+            properties::OWN_BODY_ONLY,
+            properties::AT_MOST_ONE_EFFECT,
+            properties::ANSWERS_AGREE,
+            properties::NO_REFUSED_STATEMENTS,
+            properties::UNKNOWN_NEVER_KNOWN,
+            properties::KEY_SETTLES,
+        ] {
+            checker.assert_no_discovery(property);
+        }
+    }
+}

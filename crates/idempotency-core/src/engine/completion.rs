@@ -22,7 +22,8 @@ pub enum Completion {
     Stale,
     /// The store failed after the handler ran. The claim is kept (retries get "in flight"),
     /// and the response is stored, or the key released, in the background, retrying until the
-    /// lease runs out. The response still goes to this client.
+    /// lease runs out. The response still goes to this client. (A store that fails after the
+    /// lease ran out by this process's clock makes it [`Completion::Stale`] instead.)
     Deferred,
     /// The request's transaction did not commit: none of its writes exist, and the handler's
     /// response must not be sent as if they did. Answer with an error the client retries with

@@ -55,6 +55,7 @@ pub enum Judged {
 /// The one rule for a live record found by a request with `fingerprint`, on an engine that
 /// keeps responses for `retention`: the fingerprint first (whatever the record's state), then
 /// completed or running.
+#[inline]
 pub fn judge(record: Record, fingerprint: &Fingerprint, retention: Duration) -> Judged {
     if record.fingerprint != *fingerprint {
         return Judged::Mismatch;
@@ -69,6 +70,7 @@ pub fn judge(record: Record, fingerprint: &Fingerprint, retention: Duration) -> 
 }
 
 /// How a request whose own record lost to another's is answered: as that record's duplicate.
+#[inline]
 pub fn superseded(judged: Judged) -> Superseded {
     match judged {
         Judged::Mismatch => Superseded::Mismatch,
@@ -84,6 +86,7 @@ pub fn superseded(judged: Judged) -> Superseded {
 /// (`within_lease`). Past it, another request may have taken the key and answered: the
 /// response is not the key's answer, so the request counts as [`Completion::Stale`]. Never
 /// [`Completion::Released`]: a key whose side effect may stand is not freed.
+#[inline]
 pub fn after_store(outcome: Result<FenceOutcome, &StoreError>, within_lease: bool) -> Completion {
     match outcome {
         Ok(FenceOutcome::Applied) => Completion::Stored,
@@ -96,6 +99,7 @@ pub fn after_store(outcome: Result<FenceOutcome, &StoreError>, within_lease: boo
 /// What a fenced release of the claim (the handler's effect did not happen) comes to:
 /// released; already another's; or the store failed, and the release is retried in the
 /// background while retries are told the request is in flight.
+#[inline]
 pub fn after_release(outcome: Result<FenceOutcome, &StoreError>) -> Completion {
     match outcome {
         Ok(FenceOutcome::Applied) => Completion::Released,
@@ -107,6 +111,7 @@ pub fn after_release(outcome: Result<FenceOutcome, &StoreError>) -> Completion {
 /// A request's `COMMIT` (with its response, or its refusal) that the store answered with
 /// `error`: a timeout or a lost connection may have committed, so the outcome is unknown; an
 /// error the database answered with ended the transaction uncommitted.
+#[inline]
 pub fn after_failed_commit(error: &StoreError) -> Completion {
     if error.is_unreachable() {
         Completion::OutcomeUnknown
@@ -147,6 +152,7 @@ impl Completion {
     /// retry, and the retry gets the answer of the request that holds the key now. A transaction that rolled back (a speculative lookup that could not be
     /// settled, say) never passes on a response the handler may have built from statements the
     /// database refused.
+    #[inline]
     pub fn answer(self) -> Answer {
         match self {
             Completion::Stored | Completion::Released | Completion::Deferred => {
