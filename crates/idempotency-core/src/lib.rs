@@ -14,6 +14,7 @@ mod response;
 mod scope;
 mod state_loss;
 pub mod store;
+mod sync;
 #[cfg(test)]
 mod test_store;
 mod transaction;

@@ -33,6 +33,7 @@ mod completed;
 mod id;
 mod records;
 mod shares;
+mod sync;
 mod tier;
 
 pub use records::WhenFull;

@@ -22,12 +22,11 @@ mod shard;
 use crate::BACKEND;
 use crate::id::hash_of;
 use crate::shares::Shares;
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use hashbrown::hash_table::Entry as Slot;
 use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record};
 use idempotency_core::{LeaseToken, StoreError, StoredResponse};
 use shard::{Completed, Entry, Shard, record_of, weight};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const SHARDS: usize = 64;
@@ -150,6 +149,19 @@ impl Records {
         now.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
+    /// Takes `freed` bytes off the count for a record about to be evicted, if the count is still
+    /// over the bound: the check and the subtraction are one atomic step, so two completions
+    /// evicting at once never both evict for the same excess (the schedule checker found two
+    /// racing completions evicting each other's records, leaving the store empty with room
+    /// for one).
+    fn reserve_eviction(&self, freed: u64) -> bool {
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| {
+                (bytes > self.max_bytes).then(|| bytes.saturating_sub(freed))
+            })
+            .is_ok()
+    }
+
     /// Publishes the oldest use of shard `index`, whose lock the caller holds as `shard`.
     fn publish(&self, index: usize, shard: &Shard) {
         let oldest = shard.oldest_use();
@@ -177,6 +189,19 @@ impl Records {
 
     /// Takes one more in-flight claim, unless `max_in_flight` are held.
     fn take_in_flight(&self) -> Result<(), StoreError> {
+        #[cfg(idempotency_loom)]
+        if crate::sync::SEEDED_RACE.load(std::sync::atomic::Ordering::Relaxed) {
+            // The seeded race: a check, then an act, on the shared count.
+            let held = self.in_flight.load(Ordering::Relaxed);
+            if held >= self.max_in_flight {
+                return Err(StoreError::Full {
+                    backend: BACKEND,
+                    reason: format!("{} claims are in flight", self.max_in_flight),
+                });
+            }
+            self.in_flight.store(held + 1, Ordering::Relaxed);
+            return Ok(());
+        }
         let held = self.in_flight.fetch_add(1, Ordering::Relaxed);
         if held >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -376,5 +401,7 @@ impl Records {
     }
 }
 
+#[cfg(all(test, idempotency_loom))]
+mod loom_tests;
 #[cfg(test)]
 mod tests;

@@ -16,10 +16,10 @@
 //! stale ones; a live record dropped so is still evicted by the store's order).
 
 use crate::id::scope_of;
+use crate::sync::{Mutex, MutexGuard};
 use idempotency_core::Scope;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::Mutex;
 
 const SHARDS: usize = 16;
 
@@ -62,7 +62,7 @@ impl Shares {
         self.limit != u64::MAX
     }
 
-    fn shard(&self, scope: &[u8]) -> std::sync::MutexGuard<'_, Map> {
+    fn shard(&self, scope: &[u8]) -> MutexGuard<'_, Map> {
         let index = (self.hasher.hash_one(scope) as usize) % SHARDS;
         // No code panics while holding it; recover the map if that ever changes.
         self.shards[index]

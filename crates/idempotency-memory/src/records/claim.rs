@@ -3,9 +3,9 @@
 use super::shard::{Claim, Entry, Shard, record_of, weight};
 use super::{Attempt, Records, shard_index};
 use crate::id::hash_of;
+use crate::sync::Ordering;
 use idempotency_core::store::ClaimOutcome;
 use idempotency_core::{Fingerprint, LeaseToken, StoreError};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 impl Records {

@@ -3,7 +3,7 @@
 
 use super::shard::{Entry, Eviction, weight};
 use super::{EMPTY, Records, SHARDS, shard_index};
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 
 impl Records {
     /// At the bound, evicts the oldest stored records of the scope of `id` while it holds more
@@ -25,15 +25,18 @@ impl Records {
             let Ok(slot) = found else {
                 continue; // gone since, or the record just stored
             };
-            let ((gone, entry), _) = slot.remove();
-            if let Entry::Completed(record) = entry {
-                shard.completed -= 1;
-                let freed = weight(gone.len(), &record.encoded);
-                self.bytes.fetch_sub(freed, Ordering::Relaxed);
-                self.shares.refund(&gone, freed);
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("idempotency_memory_evictions_total").increment(1);
+            let freed = match slot.get() {
+                (gone, Entry::Completed(record)) => weight(gone.len(), &record.encoded),
+                (_, Entry::InFlight(_)) => continue,
+            };
+            if !self.reserve_eviction(freed) {
+                return; // another completion's eviction made the room meanwhile
             }
+            let ((gone, _), _) = slot.remove();
+            shard.completed -= 1;
+            self.shares.refund(&gone, freed);
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("idempotency_memory_evictions_total").increment(1);
             shard.compact();
             self.publish(index, shard);
         }
@@ -76,18 +79,22 @@ impl Records {
             let keep = (index == just_stored.0).then_some(just_stored.1);
             let eviction = {
                 let mut shard = self.lock(index);
-                let eviction = shard.evict_least_recently_used(keep, not_after, &self.shares);
+                let eviction =
+                    shard.evict_least_recently_used(keep, not_after, &self.shares, |freed| {
+                        self.reserve_eviction(freed)
+                    });
                 self.publish(index, &shard);
                 eviction
             };
             match eviction {
-                Eviction::Freed(freed) => {
-                    self.bytes.fetch_sub(freed, Ordering::Relaxed);
+                // Its weight was taken off the count by `reserve_eviction`.
+                Eviction::Freed(_) => {
                     self.evicted.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("idempotency_memory_evictions_total").increment(1);
                 }
                 Eviction::Newer => made_again += 1,
                 Eviction::Nothing => passed[index] = true,
+                Eviction::Enough => return,
             }
         }
     }

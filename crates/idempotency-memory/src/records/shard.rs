@@ -52,6 +52,8 @@ pub(super) enum Eviction {
     /// The shard's least recently used record was used after the given time: another shard
     /// holds an older one.
     Newer,
+    /// The bound already holds (another completion evicted meanwhile): nothing was evicted.
+    Enough,
 }
 
 #[derive(Debug)]
@@ -154,6 +156,7 @@ impl Shard {
         keep: Option<u64>,
         not_after: u64,
         shares: &Shares,
+        reserve: impl FnOnce(u64) -> bool,
     ) -> Eviction {
         while let Some(&front) = self.recency.front() {
             if keep == Some(front.stamp) {
@@ -171,14 +174,20 @@ impl Shard {
             if front.at > not_after {
                 return Eviction::Newer;
             }
-            self.recency.pop_front();
-            let ((id, entry), _) = slot.remove();
-            self.completed -= 1;
-            if let Entry::Completed(record) = entry {
-                let freed = weight(id.len(), &record.encoded);
-                shares.refund(&id, freed);
-                return Eviction::Freed(freed);
+            let (id, entry) = slot.get();
+            let Entry::Completed(record) = entry else {
+                unreachable!("the slot was found as a completed record")
+            };
+            let freed = weight(id.len(), &record.encoded);
+            if !reserve(freed) {
+                // Another completion's eviction made the room meanwhile.
+                return Eviction::Enough;
             }
+            self.recency.pop_front();
+            let ((id, _), _) = slot.remove();
+            self.completed -= 1;
+            shares.refund(&id, freed);
+            return Eviction::Freed(freed);
         }
         Eviction::Nothing
     }

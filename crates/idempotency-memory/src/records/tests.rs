@@ -221,7 +221,7 @@ fn a_replayed_record_does_not_grow_the_recency_queue_without_bound() {
     assert_eq!(
         records
             .lock(0)
-            .evict_least_recently_used(None, EMPTY, &records.shares),
+            .evict_least_recently_used(None, EMPTY, &records.shares, |_| true),
         Eviction::Freed(weight_of_one())
     );
 }
@@ -244,7 +244,7 @@ fn a_claim_over_an_expired_record_takes_its_slot_and_frees_its_bytes() {
     assert_eq!(
         records
             .lock(0)
-            .evict_least_recently_used(None, EMPTY, &records.shares),
+            .evict_least_recently_used(None, EMPTY, &records.shares, |_| true),
         Eviction::Nothing
     );
 }
