@@ -90,7 +90,7 @@ pub enum Reply {
     HandlerFailed,
     /// The handler's response built from statements the database refused.
     Garbage,
-    /// `409` in flight, `422` mismatch, `503` not committed: retry (or stop, on a mismatch).
+    /// `409` in flight, `503` store unavailable, `500` transaction misused: retried.
     Retry,
     /// `422`: the key is another request's.
     Mismatch,

@@ -149,9 +149,10 @@ pub enum Answer {
 impl Completion {
     /// What the client is answered: the handler's response only when what the key stands for
     /// agrees with it. A request whose lease was lost ([`Completion::Stale`]) is told to
-    /// retry, and the retry gets the answer of the request that holds the key now. A transaction that rolled back (a speculative lookup that could not be
-    /// settled, say) never passes on a response the handler may have built from statements the
-    /// database refused.
+    /// retry, and the retry gets the answer of the request that holds the key now. A
+    /// transaction that rolled back (a speculative lookup that could not be settled, say)
+    /// never passes on a response the handler may have built from statements the database
+    /// refused.
     #[inline]
     pub fn answer(self) -> Answer {
         match self {
