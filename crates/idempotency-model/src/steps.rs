@@ -319,6 +319,12 @@ impl Protocol {
         let id = request.id;
         let error = unreachable_error();
         let Some(tx) = request.tx else {
+            // Every request of these modes holds its transaction from `begin` on, but the one
+            // the seeded bug rolled back before its insert.
+            assert!(
+                self.has(Bug::RefusalStoredAfterLockReleased),
+                "a one-transaction request without its transaction"
+            );
             // The seeded bug's second half: the refusal inserted if the key is still free,
             // its own refusal answered either way.
             if claimable(state.store.record) {

@@ -88,7 +88,10 @@ async fn first_answer_after_a_takeover(app: &Router) -> (StatusCode, String) {
         let app = app.clone();
         async move { send(&app, post_order()).await }
     });
+    let mut tries = 0;
     let (status, body) = loop {
+        tries += 1;
+        assert!(tries <= 100, "no retry took the key over within 10 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (status, body) = send(app, post_order()).await;
         if status != StatusCode::CONFLICT {
