@@ -167,6 +167,17 @@ impl KeyClaim {
         self.0.changed.notify_waiters();
     }
 
+    /// The key was claimed again with this token at `sent_at`, for `lease` (in the
+    /// one-transaction modes, once the request's transaction is gone and its response is stored
+    /// outside it): from now on the claim ends when that lease does, not when the transaction's
+    /// "no end" did, so a store retried in the background stops when another request may hold
+    /// the key.
+    pub(crate) fn reclaimed(&self, sent_at: Instant, lease: Duration) {
+        let end = millis(sent_at.saturating_duration_since(self.0.base) + lease);
+        self.0.deadline_ms.store(end, Ordering::Release);
+        self.0.changed.notify_waiters();
+    }
+
     /// The store refused this token, or the lease ran out: another request may hold the key.
     pub(crate) fn mark_lost(&self) {
         if self

@@ -244,14 +244,17 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             return None;
         };
         let (shared, claim) = (&self.shared, &self.claim);
-        let claim = shared.store.claim(
+        // The claim ends with the engine's lease from the moment it is sent: if storing the
+        // response then fails, the background store stops when another request may hold the key.
+        claim.reclaimed(tokio::time::Instant::now(), shared.config.lease);
+        let claimed = shared.store.claim(
             claim.scope(),
             claim.key(),
             &fingerprint,
             claim.token(),
             shared.config.lease,
         );
-        Some(shared.call(StoreOp::Claim, claim).await)
+        Some(shared.call(StoreOp::Claim, claimed).await)
     }
 
     /// Stores the response outside the request's transaction, which the handler committed
