@@ -404,4 +404,6 @@ impl Records {
 #[cfg(all(test, idempotency_loom))]
 mod loom_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

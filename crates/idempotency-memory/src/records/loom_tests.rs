@@ -4,13 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+use super::test_support::{HOUR, fingerprint, response};
 use super::*;
-use bytes::Bytes;
-use idempotency_core::http::{HeaderMap, StatusCode};
-use idempotency_core::{BodyCanonicalization, Fingerprint};
 use std::sync::Arc;
-
-const HOUR: Duration = Duration::from_secs(3600);
 
 /// An id whose carried hash puts it in shard `shard`, distinct per `n`.
 fn id_in(shard: u64, n: u8) -> Vec<u8> {
@@ -18,18 +14,6 @@ fn id_in(shard: u64, n: u8) -> Vec<u8> {
     let mut id = hash.to_le_bytes().to_vec();
     id.extend_from_slice(&[0, 0, n]);
     id
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw)
-}
-
-fn response() -> StoredResponse {
-    StoredResponse::new(
-        StatusCode::OK,
-        HeaderMap::new(),
-        Bytes::from_static(b"done"),
-    )
 }
 
 fn weight_of_one() -> u64 {

@@ -3,31 +3,16 @@
 #![allow(clippy::unwrap_used)]
 
 use super::shard::{Eviction, Shard};
+use super::test_support::{HOUR, fingerprint, response};
 use super::*;
 use bytes::Bytes;
-use idempotency_core::BodyCanonicalization;
-use idempotency_core::Fingerprint;
 use idempotency_core::http::{HeaderMap, StatusCode};
-
-const HOUR: Duration = Duration::from_secs(3600);
 
 /// An id in shard 0 (its carried hash has the top bits clear), distinct per `n`.
 fn id(n: u8) -> Vec<u8> {
     let mut id = u64::from(n).to_le_bytes().to_vec();
     id.extend_from_slice(&[0, 0, n]);
     id
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint::of_request("POST", "/", b"", BodyCanonicalization::Raw)
-}
-
-fn response() -> StoredResponse {
-    StoredResponse::new(
-        StatusCode::OK,
-        HeaderMap::new(),
-        Bytes::from_static(b"done"),
-    )
 }
 
 fn weight_of_one() -> u64 {
