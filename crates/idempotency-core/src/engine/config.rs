@@ -187,8 +187,9 @@ pub enum TransactionAdmission {
     /// At most the pool less a connection kept for lookups (one per eight), fewer when fewer
     /// commit more: the limit starts there and climbs the committed transactions per second,
     /// window by window (a probe down is kept only when it commits 1.2x more, a probe up only
-    /// when two windows at it commit more), so transactions that are slow but do not wait on each other
-    /// keep the pool, and hot rows bring it down to the one or two that do not wait. A request
+    /// when two windows at it commit more and each place commits at least 0.75 of what it did),
+    /// so transactions that are slow but do not wait on each other keep the pool, and hot rows
+    /// bring it down to the one or two that do not wait. A request
     /// that finds no place waits for one up to the store timeout, then gets
     /// [`StoreError::Busy`](crate::StoreError::Busy) (`503 store-busy`); a replay or a
     /// duplicate never needs one. Measured in `docs/benchmarks.md`, "Under contention".

@@ -96,8 +96,12 @@ impl Climb {
             jitter: seed | 1,
             limit: max,
             max,
+            // The first window only measures: it starts before the load has settled (on hot
+            // rows the first transactions commit before the lock queues form), and a probe
+            // judged against it was turned back at once (the contention bench: 3-4 s more at
+            // the pool before the limit came down).
             phase: Phase::Rest {
-                rest: 0,
+                rest: 1,
                 last: 0.0,
                 low: false,
             },
@@ -201,10 +205,11 @@ impl Climb {
                     self.probe_down(self.limit, rate, step * 2)
                 } else if rate >= base * FLAT && self.limit > MIN_LIMIT {
                     // As much with fewer: a plateau (hot rows past their collapse commit next
-                    // to nothing at 14 and at 7 alike). Looks further down, still judged
-                    // against `from`, which it goes back to if nothing below does better.
-                    let step = step * 2;
-                    self.limit = self.limit.saturating_sub(step).max(MIN_LIMIT);
+                    // to nothing at 14 and at 7 alike; a busy server as much at 16 as at 8).
+                    // Looks at half this limit, still judged against `from`, which it goes
+                    // back to if nothing below does better: on a busy server the search stops
+                    // at the first limit that commits clearly less, one window there.
+                    self.limit = (self.limit / 2).max(MIN_LIMIT);
                     Phase::Down { from, base, step }
                 } else {
                     self.limit = from;
