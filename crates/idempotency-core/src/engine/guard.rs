@@ -1,5 +1,6 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
-//! reaches the store (`guard/commit.rs`: ending the request's transaction).
+//! reaches the store (`guard/commit.rs`: ending the request's transaction; `guard/store.rs`:
+//! storing a response outside one, now or in the background).
 
 use super::admission::{Admitted, Place};
 use super::heartbeat::Registration;
@@ -7,11 +8,10 @@ use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
-use super::protocol;
-use super::retry::{retry_until, spawn_release};
+use super::retry::spawn_release;
 use super::shared::Shared;
 use crate::store::StoreOp;
-use crate::store::{FenceOutcome, LookupSignal, StoreTransaction};
+use crate::store::{LookupSignal, StoreTransaction};
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{ErrorChain, Fingerprint, IdempotencyStore, ReplayPolicy, StoredResponse};
 use http::StatusCode;
@@ -353,87 +353,6 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self.finish(completion)
     }
 
-    /// Stores the response without a transaction; on failure keeps the claim and retries in
-    /// the background.
-    async fn store(&self, response: StoredResponse) -> Completion {
-        let shared = &self.shared;
-        match shared.complete(&self.claim, &response).await {
-            Ok(outcome) => {
-                let completion = protocol::after_store(Ok(outcome), true);
-                if completion == Completion::Stale {
-                    self.lost("the response was not stored");
-                }
-                completion
-            }
-            Err(error) => {
-                let within_lease = tokio::time::Instant::now() < self.claim.deadline();
-                let completion = protocol::after_store(Err(&error), within_lease);
-                if completion == Completion::Deferred {
-                    tracing::warn!(
-                        backend = shared.store.backend(),
-                        error = %ErrorChain(&error),
-                        "could not store the response; the key stays claimed and storing is \
-                         retried in the background until its lease runs out"
-                    );
-                    self.spawn_deferred_store(response);
-                    return completion;
-                }
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not store the response, and the lease has run out by this process's \
-                     clock: another request may hold the key, so the client is told to retry"
-                );
-                self.lost("the response was not stored")
-            }
-        }
-    }
-
-    fn spawn_deferred_store(&self, response: StoredResponse) {
-        let shared = Arc::clone(&self.shared);
-        let claim = self.claim.clone();
-        let until = claim.deadline();
-        let tasks = shared.tasks.clone();
-        tasks.spawn(async move {
-            let stored = retry_until(until, || shared.complete(&claim, &response)).await;
-            let backend = shared.store.backend();
-            let label = match stored {
-                Ok(FenceOutcome::Applied) => {
-                    tracing::info!(backend, "stored the response after the store recovered");
-                    shared.waiters.wake(claim.scope(), claim.key());
-                    "deferred_stored"
-                }
-                Ok(FenceOutcome::Stale) => {
-                    tracing::warn!(
-                        backend,
-                        "the lease ran out before the response could be stored"
-                    );
-                    "deferred_stale"
-                }
-                Err(error) => {
-                    tracing::error!(
-                        backend,
-                        error = %ErrorChain(&error),
-                        "could not store the response before the lease ran out: a retry of this \
-                         request will run it again"
-                    );
-                    "deferred_failed"
-                }
-            };
-            metrics::counter!("idempotency_completions_total", "result" => label).increment(1);
-        });
-    }
-
-    fn lost(&self, what: &'static str) -> Completion {
-        self.claim.mark_lost();
-        tracing::warn!(
-            backend = self.shared.store.backend(),
-            what,
-            "the lease was lost before the request finished; another request may run it"
-        );
-        Completion::Stale
-    }
-
     async fn take_transaction(&mut self) -> Taken {
         match self.transaction.take() {
             Some(slot) => slot.take(self.shared.config.store_timeout).await,
@@ -518,5 +437,6 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
 }
 
 mod commit;
+mod store;
 #[cfg(test)]
 mod tests;
