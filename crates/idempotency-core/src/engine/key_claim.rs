@@ -162,7 +162,7 @@ impl KeyClaim {
 
     /// An extension sent at `sent_at` succeeded.
     pub(crate) fn renewed(&self, sent_at: Instant) {
-        let end = millis(sent_at.saturating_duration_since(self.0.base) + self.0.length);
+        let end = self.end_ms(sent_at, self.0.length);
         self.0.deadline_ms.fetch_max(end, Ordering::AcqRel);
         self.0.changed.notify_waiters();
     }
@@ -173,9 +173,14 @@ impl KeyClaim {
     /// "no end" did, so a store retried in the background stops when another request may hold
     /// the key.
     pub(crate) fn reclaimed(&self, sent_at: Instant, lease: Duration) {
-        let end = millis(sent_at.saturating_duration_since(self.0.base) + lease);
+        let end = self.end_ms(sent_at, lease);
         self.0.deadline_ms.store(end, Ordering::Release);
         self.0.changed.notify_waiters();
+    }
+
+    /// The end of a hold of `length` sent at `sent_at`, in ms after `base`.
+    fn end_ms(&self, sent_at: Instant, length: Duration) -> u64 {
+        millis(sent_at.saturating_duration_since(self.0.base) + length)
     }
 
     /// The store refused this token, or the lease ran out: another request may hold the key.

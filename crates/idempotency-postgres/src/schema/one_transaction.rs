@@ -3,6 +3,12 @@
 
 use super::{BEGAN, DISCARDED_INSERT, KEY_HOLD, KEYED_INSERT, RECORD_COLUMNS, Sql, XID};
 
+/// What a completed record written over an expired row of its key sets (the takeover at commit
+/// and a discarded request's record): every column of the new record, no lease.
+const OVERWRITE_WITH_RECORD: &str = "request_hash = EXCLUDED.request_hash, lease_token = NULL, \
+     locked_until = NULL, status_code = EXCLUDED.status_code, response = EXCLUDED.response, \
+     created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at";
+
 /// The one-transaction modes' statements on table `t` (`synchronous`: what a request's
 /// transaction appends to its first statement to commit synchronously, or nothing).
 pub(super) struct OneTransactionSql {
@@ -97,11 +103,7 @@ pub(super) fn statements(t: &str, synchronous: &str) -> OneTransactionSql {
                    SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
                      statement_timestamp() + make_interval(secs => $7) \
                    WHERE {BEGAN} = $4 \
-                   ON CONFLICT (user_id, key) DO UPDATE SET \
-                     request_hash = EXCLUDED.request_hash, lease_token = NULL, \
-                     locked_until = NULL, status_code = EXCLUDED.status_code, \
-                     response = EXCLUDED.response, created_at = EXCLUDED.created_at, \
-                     expires_at = EXCLUDED.expires_at \
+                   ON CONFLICT (user_id, key) DO UPDATE SET {OVERWRITE_WITH_RECORD} \
                    WHERE r.expires_at <= statement_timestamp() \
                    RETURNING 1) \
                  SELECT 1 / count(*)::int FROM done"
@@ -116,11 +118,7 @@ pub(super) fn statements(t: &str, synchronous: &str) -> OneTransactionSql {
                    locked_until, status_code, response, created_at, expires_at) \
                  VALUES ($1, $2, $3, NULL, NULL, $4, $5, now(), \
                    now() + make_interval(secs => $6)) \
-                 ON CONFLICT (user_id, key) DO UPDATE SET \
-                   request_hash = EXCLUDED.request_hash, lease_token = NULL, \
-                   locked_until = NULL, status_code = EXCLUDED.status_code, \
-                   response = EXCLUDED.response, created_at = EXCLUDED.created_at, \
-                   expires_at = EXCLUDED.expires_at \
+                 ON CONFLICT (user_id, key) DO UPDATE SET {OVERWRITE_WITH_RECORD} \
                  WHERE r.expires_at <= now() \
                  RETURNING 1"
             ),
