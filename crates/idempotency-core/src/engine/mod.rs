@@ -10,6 +10,8 @@
 //!   timed store calls;
 //! - `retry.rs`: the background retries that keep a claim's promises;
 //! - `protocol.rs`: the protocol's decisions as pure functions, which the model checker calls too;
+//! - `wait.rs`: waiting for a duplicate's answer, the one policy every mode's `begin` follows;
+//!   `waiters.rs`: the duplicates waiting on this process, woken when a request settles a key;
 //! - `replayed.rs`: a stored answer as a duplicate gets it; `status.rs`: [`Engine::status`],
 //!   what became of a key.
 
@@ -32,6 +34,7 @@ mod shared;
 mod status;
 mod store_metrics;
 mod timer;
+mod wait;
 pub(crate) mod waiters;
 
 pub use config::{ClaimMode, EngineConfig, ReplayPolicy, TransactionAdmission};
@@ -53,6 +56,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
+use wait::{FIRST_POLL, Next, WaitForKey};
 
 /// What to do with a request, as decided by [`Engine::begin`].
 #[must_use]
@@ -130,9 +134,6 @@ impl<S: IdempotencyStore> fmt::Debug for Engine<S> {
             .finish()
     }
 }
-
-const FIRST_POLL: Duration = Duration::from_millis(10);
-const MAX_POLL: Duration = Duration::from_millis(250);
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// An engine over `store` with `config`, or why `config` cannot run on `store`
@@ -235,20 +236,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             sent_at: started,
             in_doubt: false,
         };
-        let deadline = started + config.in_flight_wait;
-        let mut poll = FIRST_POLL;
-        let mut seen_running: Option<Duration> = None;
-        // Its place among the duplicates waiting on this process, once it waits. Boxed, like
-        // its wake below: every request's claim future carries these, few ever wait.
-        let mut waiting: Option<Box<waiters::Waiting<'_>>> = None;
+        let mut wait = WaitForKey::new(&self.shared.waiters, started, config.in_flight_wait);
         loop {
             let Some((scope, key, token)) = pending.claim.as_ref() else {
                 unreachable!("the pending claim is only taken when begin returns")
             };
-            // Armed before the store is asked: a request of this process that settles the key
-            // after the store's answer wakes it.
-            let woken = waiting.as_deref().map(waiters::Waiting::notified);
-            if seen_running.is_some() {
+            let woken = wait.arm();
+            if wait.seen_running().is_some() {
                 // A claim sent again after waiting.
                 pending.sent_at = Instant::now();
             }
@@ -280,7 +274,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     record
                 }
                 Err(error) => {
-                    return match seen_running {
+                    return match wait.seen_running() {
                         Some(retry_after) => {
                             tracing::debug!(
                                 error = %crate::ErrorChain(&error),
@@ -304,32 +298,16 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 }
                 Judged::Running(lease_remaining) => {
                     let retry_after = lease_remaining.min(config.in_flight_retry_after);
-                    seen_running = Some(retry_after);
-                    let now = Instant::now();
-                    if now >= deadline {
+                    // No nap past the running claim's lease: it may lapse, and this request
+                    // then takes the key over.
+                    let nap_at_most = lease_remaining.max(FIRST_POLL);
+                    if let Next::InFlight(retry_after) = wait
+                        .running(scope, key, retry_after, nap_at_most, woken)
+                        .await
+                    {
                         pending.disarm();
                         return Ok(Begin::InFlight { retry_after });
                     }
-                    let Some(woken) = woken else {
-                        // A place among the waiters, then the store asked again at once with
-                        // the wake armed, so a settle before it cannot be missed; past the
-                        // bounds, answered in flight now.
-                        match self.shared.waiters.join(scope, key) {
-                            Some(place) => waiting = Some(Box::new(place)),
-                            None => {
-                                pending.disarm();
-                                return Ok(Begin::InFlight { retry_after });
-                            }
-                        }
-                        continue;
-                    };
-                    let nap = poll
-                        .min(deadline - now)
-                        .min(lease_remaining.max(FIRST_POLL));
-                    // Woken by a request of this process, or at the poll: a request of another
-                    // process settles the key unseen.
-                    let _ = tokio::time::timeout(nap, woken).await;
-                    poll = (poll * 2).min(MAX_POLL);
                 }
             }
         }

@@ -1,10 +1,10 @@
 //! [`Engine::begin`] in [`ClaimMode::OneTransaction`]: the key's lookup opens the request's
 //! transaction, and nothing is written before the handler's own writes.
 
+use super::Engine;
 use super::admission::Admitted;
 use super::protocol::{Judged, judge};
-use super::waiters::Waiting;
-use super::{Engine, FIRST_POLL, MAX_POLL};
+use super::wait::{Next, WaitForKey};
 use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
 use crate::store::StoreOp;
 use crate::store::{OneTransactionBegin, Record};
@@ -46,17 +46,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             });
         };
         let started = Instant::now();
-        let deadline = started + shared.config.in_flight_wait;
-        let mut poll = FIRST_POLL;
-        let mut seen_running: Option<Duration> = None;
+        let mut wait = WaitForKey::new(&shared.waiters, started, shared.config.in_flight_wait);
         // `Engine::new` refused the speculative mode with a wait, or on a store that cannot
         // queue the lookup.
         let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative;
-        // Its place among the duplicates waiting on this process, once it waits.
-        let mut waiting: Option<Box<Waiting<'_>>> = None;
         loop {
-            // Armed before the store is asked (see `Engine::begin`).
-            let woken = waiting.as_deref().map(Waiting::notified);
+            // Armed before the store is asked (see `WaitForKey::arm`).
+            let woken = wait.arm();
             // Its place among the transactions admitted at once, before any connection is
             // taken; without a free one, a stored answer is read first (it needs none).
             let place = match self.place_for(&scope, &key).await {
@@ -70,7 +66,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     }
                 }
                 Err(error) => {
-                    return match seen_running {
+                    return match wait.seen_running() {
                         Some(retry_after) => Ok(Begin::InFlight { retry_after }),
                         None => Err(error),
                     };
@@ -124,7 +120,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 }
                 Ok(OneTransactionBegin::Busy) => TRANSACTION_RETRY_AFTER,
                 Err(error) => {
-                    return match seen_running {
+                    return match wait.seen_running() {
                         // Something already showed that another request holds the key.
                         Some(retry_after) => Ok(Begin::InFlight { retry_after }),
                         None => Err(error),
@@ -134,22 +130,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             let retry_after = running
                 .min(TRANSACTION_RETRY_AFTER)
                 .min(shared.config.in_flight_retry_after);
-            seen_running = Some(retry_after);
-            let now = Instant::now();
-            if now >= deadline {
+            // The key's holder has no lease to bound the nap: its transaction ends when it ends.
+            if let Next::InFlight(retry_after) = wait
+                .running(&scope, &key, retry_after, Duration::MAX, woken)
+                .await
+            {
                 return Ok(Begin::InFlight { retry_after });
             }
-            let Some(woken) = woken else {
-                // A place among the waiters, then the store asked again at once with the wake
-                // armed; past the bounds, answered in flight now.
-                match shared.waiters.join(&scope, &key) {
-                    Some(place) => waiting = Some(Box::new(place)),
-                    None => return Ok(Begin::InFlight { retry_after }),
-                }
-                continue;
-            };
-            let _ = tokio::time::timeout(poll.min(deadline - now), woken).await;
-            poll = (poll * 2).min(MAX_POLL);
         }
     }
 
