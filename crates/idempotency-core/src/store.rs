@@ -41,7 +41,9 @@ pub enum StoreOp {
     Extend,
     /// [`IdempotencyStore::release`]
     Release,
-    /// [`IdempotencyStore::get`]
+    /// [`IdempotencyStore::get`], and
+    /// [`TransactionalStore::held_by_transaction`]: the reads of a key (the second only for
+    /// [`Engine::status`](crate::Engine::status) in the one-transaction modes).
     Get,
     /// [`IdempotencyStore::purge_expired`]
     Purge,

@@ -48,6 +48,21 @@ pub trait TransactionalStore: Send + Sync {
         false
     }
 
+    /// Whether a one-transaction request's open transaction holds `(scope, key)` now (its
+    /// lock, taken by [`begin_one_transaction`](TransactionalStore::begin_one_transaction)),
+    /// read without taking the lock, so a request beginning at the same moment is never turned
+    /// away by the look. What [`Engine::status`](crate::Engine::status) asks in the
+    /// one-transaction modes when the key has no record: such a request's record exists only
+    /// from its commit. One round trip; `false` by default (a store without the mode).
+    async fn held_by_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<bool, StoreError> {
+        let _ = (scope, key);
+        Ok(false)
+    }
+
     /// Whether [`TransactionalStore::begin_one_transaction_speculative`] queues the lookup with
     /// the handler's first statement (the PostgreSQL store on tokio-postgres), rather than
     /// falling back to [`TransactionalStore::begin_one_transaction`]: without it,

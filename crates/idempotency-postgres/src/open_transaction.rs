@@ -412,6 +412,30 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
         self.inner.transactions
     }
 
+    async fn held_by_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<bool, StoreError> {
+        if !self.inner.transactions {
+            return Ok(false);
+        }
+        let statements = &self.inner.table.statements;
+        let id = statements.lock_id(scope.as_str(), key.as_str());
+        let rows = self
+            .inner
+            .driver
+            .query(&statements.held_by_transaction, &[Param::Int8(id)])
+            .await?;
+        match rows.first() {
+            Some(row) => row.bool(0),
+            None => Err(StoreError::corrupt(
+                BACKEND,
+                CorruptRecord::Field("the look at the key's lock returned no row"),
+            )),
+        }
+    }
+
     fn supports_speculative(&self) -> bool {
         self.inner.transactions && self.inner.driver.queues_statements()
     }

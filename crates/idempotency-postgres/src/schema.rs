@@ -83,6 +83,10 @@ pub(crate) struct Statements {
     /// Speculative mode, queued right behind `BEGIN`: the same lock and reads, aborting the
     /// transaction when the key is taken.
     pub(crate) speculative_lookup: Sql,
+    /// Whether an open one-transaction request holds a key's advisory lock (its id `$1`),
+    /// read from `pg_locks` without taking the lock: a request beginning at that moment must
+    /// not find it taken by the look and answer in flight.
+    pub(crate) held_by_transaction: Sql,
     /// The seed of the one-transaction modes' advisory lock ids (see [`Statements::lock_id`]).
     lock_seed: u64,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
@@ -366,6 +370,17 @@ impl Statements {
             tx_status: Sql::new(
                 "SELECT s = 'committed', s = 'aborted' \
                  FROM pg_xact_status($1::int8::text::xid8) AS s"
+                    .to_owned(),
+                &[ParamType::Int8],
+            ),
+            // A 64-bit advisory lock id is listed as its high half in `classid`, its low half
+            // in `objid`, and `objsubid` 1; only this database's locks, and only granted ones.
+            held_by_transaction: Sql::new(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks \
+                   WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                     AND classid = (($1::int8 >> 32) & 4294967295)::oid \
+                     AND objid = ($1::int8 & 4294967295)::oid)"
                     .to_owned(),
                 &[ParamType::Int8],
             ),

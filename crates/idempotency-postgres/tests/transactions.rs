@@ -10,8 +10,8 @@ mod postgres {
     use idempotency_core::store::StoreTransaction;
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
-        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, RollbackCause, Scope, StoredResponse,
-        Superseded, TransactionError, TransactionSlot,
+        Guard, IdempotencyKey, IdempotencyStore, KeyFormat, KeyStatus, RollbackCause, Scope,
+        StoredResponse, Superseded, TransactionError, TransactionSlot,
     };
     use idempotency_postgres::{PostgresStore, PostgresTransaction, TableMode};
     use idempotency_testkit::TestSchema;
@@ -739,6 +739,90 @@ mod postgres {
         }
     }
 
+    /// `Engine::status` in every claim mode while the key's request runs: in the lease mode its
+    /// claim record reads in flight; in the one-transaction modes it has no record until its
+    /// commit, and the key reads in flight from the lock its open transaction holds (looked at
+    /// without taking it: a duplicate sent meanwhile is still answered in flight, not run).
+    /// Another scope, or another key, reads absent; once answered, completed; once released,
+    /// absent.
+    async fn a_running_key_reads_in_flight_in_every_mode<S: Driver>() {
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let insert = format!(
+            "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+            f.schema
+        );
+        for mode in f.claim_modes() {
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let guard = proceed(&engine, &s, &k).await;
+            // The handler's write: in the speculative mode it follows the key's lookup, so once
+            // it is answered the lookup has taken the key's lock.
+            let slot = guard.transaction().expect("a transactional store");
+            S::write(slot, &insert, k.as_str()).await;
+            let status = engine.status(&s, &k).await.expect("status");
+            match (mode, &status) {
+                (ClaimMode::Lease, KeyStatus::InFlight { .. }) => {}
+                (_, KeyStatus::InTransaction { retry_after }) if mode != ClaimMode::Lease => {
+                    assert!(
+                        *retry_after > Duration::ZERO && *retry_after <= Duration::from_secs(1),
+                        "{mode:?}: retry after {retry_after:?}"
+                    );
+                }
+                _ => panic!("{mode:?}: a running key must read in flight, got {status:?}"),
+            }
+            // A duplicate sent after the look is answered in flight (in the speculative mode
+            // when its lookup is read, which its release does).
+            match engine.begin(s.clone(), k.clone(), fp()).await {
+                Ok(Begin::InFlight { .. }) => {}
+                Ok(Begin::Proceed(duplicate)) if mode == ClaimMode::OneTransactionSpeculative => {
+                    assert!(
+                        matches!(
+                            duplicate.release().await,
+                            Completion::Superseded(Superseded::InFlight { .. })
+                        ),
+                        "{mode:?}: the duplicate's lookup finds the key held"
+                    )
+                }
+                other => panic!("{mode:?}: a duplicate must be answered in flight, got {other:?}"),
+            }
+            assert_eq!(
+                engine.status(&scope(), &k).await.expect("status"),
+                KeyStatus::Absent,
+                "{mode:?}: another scope must not see a running key"
+            );
+            assert_eq!(
+                engine.status(&s, &key()).await.expect("status"),
+                KeyStatus::Absent,
+                "{mode:?}: another key"
+            );
+            assert_eq!(guard.complete(response(201)).await, Completion::Stored);
+            assert!(
+                matches!(
+                    engine.status(&s, &k).await.expect("status"),
+                    KeyStatus::Completed { status, .. } if status.as_u16() == 201
+                ),
+                "{mode:?}: an answered key reads completed"
+            );
+            assert_eq!(f.side_effects(&k).await, 1, "{mode:?}: the write ran once");
+            let released = key();
+            let guard = proceed(&engine, &s, &released).await;
+            S::write(
+                guard.transaction().expect("a transactional store"),
+                &insert,
+                released.as_str(),
+            )
+            .await;
+            assert!(matches!(guard.release().await, Completion::Released));
+            assert_eq!(
+                engine.status(&s, &released).await.expect("status"),
+                KeyStatus::Absent,
+                "{mode:?}: a released key reads absent"
+            );
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
+    }
+
     /// Every case above, as tests on the driver `$store`.
     macro_rules! transaction_cases {
         ($store:ty) => {
@@ -757,6 +841,7 @@ mod postgres {
                 taking_the_transaction_twice_is_refused_at_once,
                 a_job_refused_by_the_database_records_its_refusal,
                 writes_after_the_handler_s_own_rollback_stand,
+                a_running_key_reads_in_flight_in_every_mode,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(

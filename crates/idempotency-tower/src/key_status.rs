@@ -33,8 +33,9 @@ use tower_service::Service;
 /// layer renders its refusals; any method but `GET` and `HEAD` is a `405`. Every answer carries
 /// `Cache-Control: no-store`.
 ///
-/// In the one-transaction modes a running request's record exists only from its commit, so it
-/// reads `absent` until then (sent again, it waits for it or is answered in flight).
+/// In the one-transaction modes a running request's record exists only from its commit; until
+/// then the key reads `in_flight` from the lock its open transaction holds
+/// ([`KeyStatus::InTransaction`](idempotency_core::KeyStatus::InTransaction)).
 pub struct KeyStatusService<S> {
     shared: Arc<Shared<S>>,
 }
@@ -149,7 +150,8 @@ fn json(status: &KeyStatus) -> Response<IdempotencyBody> {
     let body = match status {
         KeyStatus::InFlight {
             retry_after: after, ..
-        } => {
+        }
+        | KeyStatus::InTransaction { retry_after: after } => {
             let seconds = after.as_secs_f64().ceil().max(1.0) as u64;
             retry_after = Some(seconds);
             serde_json::json!({ "state": "in_flight", "retry_after_seconds": seconds })
@@ -185,4 +187,45 @@ fn no_store(mut response: Response<IdempotencyBody>) -> Response<IdempotencyBody
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn body(response: Response<IdempotencyBody>) -> (Option<HeaderValue>, serde_json::Value) {
+        use http_body_util::BodyExt;
+        let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a full body")
+            .to_bytes();
+        (
+            retry_after,
+            serde_json::from_slice(&bytes).expect("a JSON body"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_key_held_by_a_transaction_reads_in_flight_as_a_leased_one_does() {
+        let leased = json(&KeyStatus::InFlight {
+            lease_remaining: Duration::from_secs(30),
+            retry_after: Duration::from_millis(1_000),
+        });
+        let in_transaction = json(&KeyStatus::InTransaction {
+            retry_after: Duration::from_millis(1_000),
+        });
+        let (leased, in_transaction) = (body(leased).await, body(in_transaction).await);
+        assert_eq!(
+            in_transaction.1,
+            serde_json::json!({ "state": "in_flight", "retry_after_seconds": 1 })
+        );
+        assert_eq!(
+            in_transaction, leased,
+            "the client cannot tell the modes apart"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! [`Engine::status`]: what became of a key, without sending its request again.
 
 use super::Engine;
+use super::one_transaction::TRANSACTION_RETRY_AFTER;
 use super::replayed::{answered_ago, dates};
 use crate::store::{RecordState, StoreOp};
 use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError};
@@ -12,17 +13,22 @@ use std::time::{Duration, SystemTime};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyStatus {
-    /// The key has no live record in this scope: never used, expired, released after a
-    /// failure or rollback (its request may be sent again and runs), or, in the
-    /// one-transaction modes, held by a request whose transaction has not committed yet (its
-    /// record exists only from its commit; sent again, the request waits for it or is answered
-    /// in flight).
+    /// The key has no live record in this scope and no request holds it: never used,
+    /// expired, released after a failure or rollback (its request may be sent again and runs).
     Absent,
     /// A request with the key is running (a lease-mode claim).
     InFlight {
         /// Time left on its lease, by the store's clock; its heartbeat extends it while it runs.
         lease_remaining: Duration,
         /// When to ask again: the lease's time left, at most
+        /// [`EngineConfig::in_flight_retry_after`](crate::EngineConfig#structfield.in_flight_retry_after).
+        retry_after: Duration,
+    },
+    /// A request with the key is running in a one-transaction mode: its open transaction
+    /// holds the key, and its record exists only from its commit (sent again, the request
+    /// waits for it or is answered in flight). It has no lease whose end could be told.
+    InTransaction {
+        /// When to ask again: such handlers take milliseconds; at most
         /// [`EngineConfig::in_flight_retry_after`](crate::EngineConfig#structfield.in_flight_retry_after).
         retry_after: Duration,
     },
@@ -59,6 +65,10 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
     /// [`EngineConfig::store_timeout`](crate::EngineConfig#structfield.store_timeout); it claims
     /// nothing and changes nothing.
     ///
+    /// In the one-transaction modes a key without a record is also looked for among the keys
+    /// that open request transactions hold (a second read, only then), so a running request
+    /// reads [`KeyStatus::InTransaction`] rather than absent.
+    ///
     /// A client told `503` with an unknown outcome asks this instead of sending the request
     /// again. `scope` must be the caller's own, taken from its credentials as for its requests:
     /// a key of another scope reads as absent, whatever it holds there.
@@ -72,6 +82,9 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             .call(StoreOp::Get, shared.store.get(scope, key))
             .await?;
         Ok(match record.map(|record| record.state) {
+            None if self.held_by_transaction(scope, key).await? => KeyStatus::InTransaction {
+                retry_after: TRANSACTION_RETRY_AFTER.min(shared.config.in_flight_retry_after),
+            },
             None => KeyStatus::Absent,
             Some(RecordState::InFlight { lease_remaining }) => KeyStatus::InFlight {
                 lease_remaining,
@@ -86,5 +99,26 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 expires_in: retention_remaining,
             },
         })
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// In a one-transaction mode, whether an open request transaction holds the key (one
+    /// bounded read); `false` in the lease mode, whose running requests have records.
+    async fn held_by_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<bool, StoreError> {
+        let shared = &self.shared;
+        if !shared.config.claim_mode.is_one_transaction() {
+            return Ok(false);
+        }
+        let Some(store) = shared.store.transactional() else {
+            return Ok(false);
+        };
+        shared
+            .call(StoreOp::Get, store.held_by_transaction(scope, key))
+            .await
     }
 }
