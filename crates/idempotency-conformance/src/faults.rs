@@ -211,6 +211,15 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     async fn footprint(&self) -> Result<Option<Footprint>, StoreError> {
         self.inner.footprint().await
     }
+
+    fn settled_keys(&self) -> Option<&idempotency_core::store::SettledKeys> {
+        self.inner.settled_keys()
+    }
+
+    async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        self.run(StoreOp::Watch, self.inner.watch_settle(scope, key))
+            .await
+    }
 }
 
 #[cfg(test)]

@@ -21,8 +21,10 @@ pub use crate::transaction::{
 };
 
 mod purge;
+mod settled_keys;
 
 pub use purge::purge_periodically;
+pub use settled_keys::{OnSettled, SettledKeys, parse_wake_id, wake_id};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,11 +60,13 @@ pub enum StoreOp {
     Commit,
     /// [`StoreTransaction::rollback`]
     Rollback,
+    /// [`IdempotencyStore::watch_settle`]: a waiting duplicate asks to hear of its key's settle.
+    Watch,
 }
 
 impl StoreOp {
     /// Every call, in the order of their discriminants (`op as usize` indexes it).
-    pub const ALL: [StoreOp; 10] = [
+    pub const ALL: [StoreOp; 11] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Extend,
@@ -73,10 +77,11 @@ impl StoreOp {
         StoreOp::Settle,
         StoreOp::Commit,
         StoreOp::Rollback,
+        StoreOp::Watch,
     ];
 
     /// The name in metrics and logs: `claim`, `complete`, `extend`, `release`, `get`, `purge`,
-    /// `begin_transaction`, `settle`, `commit`, `rollback`.
+    /// `begin_transaction`, `settle`, `commit`, `rollback`, `watch`.
     pub fn name(self) -> &'static str {
         match self {
             StoreOp::Claim => "claim",
@@ -89,15 +94,20 @@ impl StoreOp {
             StoreOp::Settle => "settle",
             StoreOp::Commit => "commit",
             StoreOp::Rollback => "rollback",
+            StoreOp::Watch => "watch",
         }
     }
 
     /// Whether this is one of the six primitives of [`IdempotencyStore`] (not a step of a
-    /// request's transaction).
+    /// request's transaction, nor the optional watch of a waiting duplicate).
     pub fn is_primitive(self) -> bool {
         !matches!(
             self,
-            StoreOp::BeginTransaction | StoreOp::Settle | StoreOp::Commit | StoreOp::Rollback
+            StoreOp::BeginTransaction
+                | StoreOp::Settle
+                | StoreOp::Commit
+                | StoreOp::Rollback
+                | StoreOp::Watch
         )
     }
 }
@@ -218,6 +228,27 @@ pub trait IdempotencyStore: Send + Sync {
     fn pool_status(&self) -> Option<PoolStatus> {
         None
     }
+
+    /// The keys other processes settle, as this store hears of them ([`SettledKeys`]), so that
+    /// an engine wakes its waiting duplicates at once rather than at their next poll. `None` by
+    /// default: a store that cannot hear of them (the memory store, which has no other
+    /// process); duplicates then learn of another process's settle by polling.
+    fn settled_keys(&self) -> Option<&SettledKeys> {
+        None
+    }
+
+    /// A duplicate of the request running `(scope, key)` waits on this process: the store makes
+    /// sure it hears of settles ([`settled_keys`](IdempotencyStore::settled_keys)), then marks
+    /// the key's running record as waited for, so that the request that settles it (by
+    /// [`complete`](IdempotencyStore::complete) or [`release`](IdempotencyStore::release))
+    /// sends the key's [`wake_id`] when the settle commits. A record that is no longer running
+    /// is left as it is (the duplicate's next look finds it). One round trip (the first time,
+    /// also opening the session that listens). An error costs only the wake: the duplicate
+    /// polls. `Ok(())` by default.
+    async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        let _ = (scope, key);
+        Ok(())
+    }
 }
 
 /// What a store's connection pool holds ([`IdempotencyStore::pool_status`]).
@@ -335,6 +366,16 @@ macro_rules! forward_store {
             }
             fn pool_status(&self) -> Option<PoolStatus> {
                 (**self).pool_status()
+            }
+            fn settled_keys(&self) -> Option<&SettledKeys> {
+                (**self).settled_keys()
+            }
+            async fn watch_settle(
+                &self,
+                scope: &Scope,
+                key: &IdempotencyKey,
+            ) -> Result<(), StoreError> {
+                (**self).watch_settle(scope, key).await
             }
         }
     )*};

@@ -386,4 +386,12 @@ impl<S: IdempotencyStore> IdempotencyStore for ReplayTier<S> {
     fn pool_status(&self) -> Option<idempotency_core::store::PoolStatus> {
         self.store.pool_status()
     }
+
+    fn settled_keys(&self) -> Option<&idempotency_core::store::SettledKeys> {
+        self.store.settled_keys()
+    }
+
+    async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        self.store.watch_settle(scope, key).await
+    }
 }

@@ -371,4 +371,16 @@ pub trait DriverOps: Send + Sync + 'static {
     /// Checks the table's state sentinel on a pooled connection (see
     /// `PostgresStore::check_state`).
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError>;
+
+    /// Opens a session of the driver's own (not a pooled connection: a listening session is
+    /// held for as long as the store lives) that listens on `channel`, a plain identifier, and
+    /// sends each notice's payload to `notices` until `stop` is cancelled or the session ends,
+    /// when `notices` is dropped. Returns once `LISTEN` is in force: a notice committed after
+    /// that is heard. `Ok(false)` when the driver cannot open such a session.
+    async fn listen(
+        &self,
+        channel: &str,
+        notices: tokio::sync::mpsc::UnboundedSender<String>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<bool, DriverError>;
 }

@@ -63,6 +63,7 @@ mod record;
 mod schema;
 mod sentinel;
 mod session;
+mod settle_listener;
 mod sqlstate;
 #[cfg(feature = "sqlx")]
 mod sqlx_driver;

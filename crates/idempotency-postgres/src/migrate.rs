@@ -23,7 +23,7 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order.
-pub(crate) const MIGRATIONS: [Migration; 3] = [
+pub(crate) const MIGRATIONS: [Migration; 4] = [
     Migration {
         version: 1,
         name: "0001_create_idempotency_keys",
@@ -42,6 +42,12 @@ pub(crate) const MIGRATIONS: [Migration; 3] = [
         template: TUNE_AUTOVACUUM,
         only_with_extension: None,
     },
+    Migration {
+        version: 4,
+        name: "0004_wake_waiting_duplicates",
+        template: WAKE_WAITING_DUPLICATES,
+        only_with_extension: None,
+    },
 ];
 
 const CREATE_TABLE: &str = include_str!("../sql/0001_create_idempotency_keys.sql");
@@ -49,6 +55,8 @@ const CREATE_TABLE: &str = include_str!("../sql/0001_create_idempotency_keys.sql
 const SCHEDULE_PURGE: &str = include_str!("../sql/0002_schedule_purge_with_pg_cron.sql");
 
 const TUNE_AUTOVACUUM: &str = include_str!("../sql/0003_tune_autovacuum.sql");
+
+const WAKE_WAITING_DUPLICATES: &str = include_str!("../sql/0004_wake_waiting_duplicates.sql");
 
 impl Migration {
     /// The SQL for `name` in `mode`, the purge job on `purge_schedule`.

@@ -4,6 +4,7 @@
 use crate::driver::{Driver, DriverRow, Param, Undo, record_from_row};
 use crate::error::BACKEND;
 use crate::schema::Sql;
+use crate::settle_listener::SettleListener;
 use crate::table::Table;
 use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record};
 use idempotency_core::{
@@ -17,6 +18,8 @@ pub(crate) struct StoreCore<D> {
     pub(crate) driver: D,
     /// Whether the store offers the request's transaction.
     pub(crate) transactions: bool,
+    /// The session that hears of other instances' settles of waited-for keys.
+    pub(crate) listener: SettleListener,
 }
 
 impl<D: Driver> StoreCore<D> {
@@ -133,6 +136,26 @@ impl<D: Driver> StoreCore<D> {
             ],
         )
         .await
+    }
+
+    /// See [`IdempotencyStore::watch_settle`](idempotency_core::IdempotencyStore::watch_settle):
+    /// listening first, so that a settle after the mark is heard.
+    pub(crate) async fn watch_settle(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        let statements = &self.table.statements;
+        if !self
+            .listener
+            .ensure(&self.driver, &statements.channel)
+            .await?
+        {
+            return Ok(());
+        }
+        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        self.driver.execute(&statements.watch, &params).await?;
+        Ok(())
     }
 
     /// See [`IdempotencyStore::get`](idempotency_core::IdempotencyStore::get).

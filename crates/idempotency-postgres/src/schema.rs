@@ -87,6 +87,11 @@ pub(crate) struct Statements {
     /// read from `pg_locks` without taking the lock: a request beginning at that moment must
     /// not find it taken by the look and answer in flight.
     pub(crate) held_by_transaction: Sql,
+    /// Marks a running record as waited for (`$1` scope, `$2` key): its settle then sends the
+    /// key's wake id on [`Statements::channel`] when it commits.
+    pub(crate) watch: Sql,
+    /// The channel on which settles of waited-for records are announced, and listened to.
+    pub(crate) channel: String,
     /// The seed of the one-transaction modes' advisory lock ids (see [`Statements::lock_id`]).
     lock_seed: u64,
     /// One-transaction mode, sent with `COMMIT` right behind it: inserts the completed record;
@@ -168,6 +173,17 @@ fn lock_seed(name: &TableName) -> u64 {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The channel of `name`'s settle notices: a plain identifier (so `LISTEN` needs no quoting)
+/// under PostgreSQL's 63 bytes, one per table of a database.
+fn settle_channel(name: &TableName) -> String {
+    format!("idempotency_settled_{:016x}", lock_seed(name))
+}
+
+/// The key's wake id ([`idempotency_core::store::wake_id`]) computed from the statement's `$1`
+/// (scope) and `$2` (key), as 16 hex digits.
+const WAKE_ID: &str = "left(encode(sha256(convert_to(\
+     octet_length(convert_to($1, 'UTF8'))::text || ':' || $1 || $2, 'UTF8')), 'hex'), 16)";
+
 /// 64-bit FNV-1a of `bytes`, continuing from `hash`.
 fn fnv1a(mut hash: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
     for byte in bytes {
@@ -239,7 +255,13 @@ impl Statements {
             TableMode::Logged | TableMode::Unlogged => "",
         };
         let one_transaction = one_transaction::statements(&t, synchronous);
+        // Sends the key's wake id on the table's channel for a waited-for row, and nothing
+        // (NULL) otherwise: `NOTIFY` takes a database-wide lock at commit, which a key nobody
+        // waits for must not pay. `CASE` evaluates the call only for such a row.
+        let channel = settle_channel(name);
+        let notify = format!("CASE WHEN waited THEN pg_notify('{channel}', {WAKE_ID})::text END");
         Statements {
+            channel: channel.clone(),
             lock_seed: lock_seed(name),
             // One round trip. A live row visible to this statement is returned as it is, and
             // the insert is not attempted, so replays and in-flight duplicates only read (no
@@ -269,11 +291,16 @@ impl Statements {
                 ),
                 CLAIM,
             ),
+            // A row per record completed (the count the engine reads); a waited-for record
+            // also sends its key's wake id, at the commit ([`Statements::watch`]).
             complete: Sql::new(
                 format!(
-                    "UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
-                       response = $5, expires_at = now() + make_interval(secs => $6) \
-                     WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+                    "WITH done AS ( \
+                       UPDATE {t} SET lease_token = NULL, locked_until = NULL, status_code = $4, \
+                         response = $5, expires_at = now() + make_interval(secs => $6) \
+                       WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now() \
+                       RETURNING waited) \
+                     SELECT {notify} FROM done"
                 ),
                 COMPLETE,
             ),
@@ -285,12 +312,26 @@ impl Statements {
                 ),
                 EXTEND,
             ),
+            // As `complete`: a waited-for key given back wakes its duplicates (one of them runs).
             release: Sql::new(
                 format!(
-                    "DELETE FROM {t} \
-                     WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now()"
+                    "WITH gone AS ( \
+                       DELETE FROM {t} \
+                       WHERE user_id = $1 AND key = $2 AND lease_token = $3 AND locked_until > now() \
+                       RETURNING waited) \
+                     SELECT {notify} FROM gone"
                 ),
                 FENCED,
+            ),
+            // A duplicate that waits marks the running record, so that its settle notifies
+            // (the mark is kept by a takeover: the new claim's settle is what they wait for).
+            watch: Sql::new(
+                format!(
+                    "UPDATE {t} SET waited = true \
+                     WHERE user_id = $1 AND key = $2 AND lease_token IS NOT NULL \
+                       AND locked_until > now() AND NOT waited"
+                ),
+                KEY,
             ),
             get: Sql::new(
                 format!(
@@ -353,8 +394,8 @@ impl Statements {
                        WHERE user_id = $1 AND key = $2 AND lease_token = $3::uuid \
                          AND locked_until > statement_timestamp() \
                          AND current_setting('{TX_MARK}', true) = $3::uuid::text \
-                       RETURNING 1) \
-                     SELECT 1 / count(*)::int FROM done"
+                       RETURNING waited) \
+                     SELECT 1 / count(*)::int, max({notify}) FROM done"
                 ),
                 COMPLETE,
             ),

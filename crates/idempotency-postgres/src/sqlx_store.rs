@@ -130,6 +130,7 @@ impl PostgresStoreBuilder<Sqlx> {
                 table,
                 driver: Sqlx { pool },
                 transactions: self.transactions,
+                listener: Default::default(),
             }),
         })
     }

@@ -171,4 +171,12 @@ impl<D: Driver> IdempotencyStore for PostgresStore<D> {
     fn pool_status(&self) -> Option<idempotency_core::store::PoolStatus> {
         Some(self.inner.driver.pool_status())
     }
+
+    fn settled_keys(&self) -> Option<&idempotency_core::store::SettledKeys> {
+        Some(&self.inner.listener.settled)
+    }
+
+    async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        self.inner.watch_settle(scope, key).await
+    }
 }

@@ -113,6 +113,7 @@ impl PostgresStoreBuilder<TokioPostgres> {
                 table,
                 driver,
                 transactions: self.transactions,
+                listener: Default::default(),
             }),
         })
     }

@@ -78,7 +78,7 @@ mod postgres {
             .map(|e| e.expect("entry").path())
             .collect();
         files.sort();
-        assert_eq!(files.len(), 3);
+        assert_eq!(files.len(), 4);
         for file in &files {
             let file = file.to_string_lossy();
             run(
@@ -100,7 +100,11 @@ mod postgres {
         // No pg_cron here: 0002 does nothing and is not recorded.
         assert_eq!(
             report.applied,
-            ["0001_create_idempotency_keys", "0003_tune_autovacuum"]
+            [
+                "0001_create_idempotency_keys",
+                "0003_tune_autovacuum",
+                "0004_wake_waiting_duplicates"
+            ]
         );
 
         let psql_dump = dump(&psql_url);
@@ -108,7 +112,8 @@ mod postgres {
             psql_dump.contains("CREATE TABLE public.idempotency_keys (")
                 && psql_dump.contains("idempotency_keys_expires_at_idx")
                 && psql_dump.contains("CREATE TABLE public.idempotency_keys_migrations (")
-                && psql_dump.contains("autovacuum_vacuum_scale_factor='0.01'"),
+                && psql_dump.contains("autovacuum_vacuum_scale_factor='0.01'")
+                && psql_dump.contains("waited boolean DEFAULT false NOT NULL"),
             "pg_dump must show the tables:\n{psql_dump}"
         );
         assert_eq!(

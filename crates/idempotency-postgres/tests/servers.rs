@@ -496,8 +496,8 @@ mod postgres {
                 .expect("concurrent migrate must succeed");
         }
         assert_eq!(
-            applied, 2,
-            "each migration (0001, 0003; no pg_cron here) is applied by exactly one instance"
+            applied, 3,
+            "each migration (0001, 0003, 0004; no pg_cron here) is applied by exactly one instance"
         );
         let unlogged = PostgresStore::builder(&url)
             .schema(&schema)

@@ -81,7 +81,7 @@ mod postgres {
             .await
             .expect("build");
         let report = sqlx.migrate().await.expect("migrate with sqlx");
-        assert_eq!(report.applied.len(), 2, "{report}");
+        assert_eq!(report.applied.len(), 3, "{report}");
         let tokio = PostgresStore::builder(url)
             .schema(schema.name())
             .pool_size(1)

@@ -145,6 +145,18 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         let metrics = store_metrics::StoreMetrics::new(store.backend());
         metrics.announce();
         Completion::announce();
+        let waiters = Arc::new(waiters::Waiters::new(
+            config.max_waiters_per_key,
+            config.max_waiters,
+        ));
+        // Keys settled by other processes wake this engine's duplicates, on a store that hears
+        // of them.
+        let on_settled = store.settled_keys().map(|settled| {
+            let woken = Arc::clone(&waiters);
+            let on_settled: Arc<crate::store::OnSettled> = Arc::new(move |id| woken.wake_id(id));
+            settled.subscribe(&on_settled);
+            on_settled
+        });
         Ok(Engine {
             shared: Arc::new(Shared {
                 heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
@@ -158,7 +170,8 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         .map(|pool| admission::Admission::new(pool.max, store.backend())),
                     TransactionAdmission::WholePool => None,
                 },
-                waiters: waiters::Waiters::new(config.max_waiters_per_key, config.max_waiters),
+                waiters,
+                on_settled,
                 config,
                 store,
                 tasks: TaskTracker::new(),
@@ -301,12 +314,19 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     // No nap past the running claim's lease: it may lapse, and this request
                     // then takes the key over.
                     let nap_at_most = lease_remaining.max(FIRST_POLL);
-                    if let Next::InFlight(retry_after) = wait
+                    match wait
                         .running(scope, key, retry_after, nap_at_most, woken)
                         .await
                     {
-                        pending.disarm();
-                        return Ok(Begin::InFlight { retry_after });
+                        Next::InFlight(retry_after) => {
+                            pending.disarm();
+                            return Ok(Begin::InFlight { retry_after });
+                        }
+                        // Another process's settle then wakes it too, on a store that can
+                        // tell (before the store is asked again: a settle after that look is
+                        // then heard).
+                        Next::Watch => self.shared.watch_settle(scope, key).await,
+                        Next::AskAgain => {}
                     }
                 }
             }

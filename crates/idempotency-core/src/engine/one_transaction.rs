@@ -131,6 +131,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 .min(TRANSACTION_RETRY_AFTER)
                 .min(shared.config.in_flight_retry_after);
             // The key's holder has no lease to bound the nap: its transaction ends when it ends.
+            // Nothing to watch: its record is written at its commit (`Next::Watch` asks again).
             if let Next::InFlight(retry_after) = wait
                 .running(&scope, &key, retry_after, Duration::MAX, woken)
                 .await

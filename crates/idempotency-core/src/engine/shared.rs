@@ -34,7 +34,14 @@ pub(crate) struct Shared<S> {
     /// connections ([`TransactionAdmission::Adaptive`](crate::TransactionAdmission::Adaptive)).
     pub(crate) admission: Option<Arc<Admission>>,
     /// Duplicates waiting on this process for a running request's answer.
-    pub(crate) waiters: super::waiters::Waiters,
+    pub(crate) waiters: Arc<super::waiters::Waiters>,
+    /// What the store's [`SettledKeys`](crate::store::SettledKeys) tells of keys settled by
+    /// other processes (it holds it weakly: kept alive here, for as long as the engine).
+    #[expect(
+        dead_code,
+        reason = "held, never read: the store's SettledKeys holds it weakly"
+    )]
+    pub(crate) on_settled: Option<Arc<crate::store::OnSettled>>,
 }
 
 impl<S> Drop for Shared<S> {
@@ -44,6 +51,24 @@ impl<S> Drop for Shared<S> {
 }
 
 impl<S: IdempotencyStore> Shared<S> {
+    /// A duplicate of the running request of `(scope, key)` waits on this process: on a store
+    /// that hears of other processes' settles, it asks to hear of this key's (one bounded store
+    /// call). A failure costs only the wake, so it is logged and the duplicate polls.
+    pub(crate) async fn watch_settle(&self, scope: &crate::Scope, key: &crate::IdempotencyKey) {
+        if self.store.settled_keys().is_none() {
+            return;
+        }
+        if let Err(error) = self
+            .call(StoreOp::Watch, self.store.watch_settle(scope, key))
+            .await
+        {
+            tracing::debug!(
+                error = %crate::ErrorChain(&error),
+                "could not ask to hear of a running key's settle; its waiting duplicate polls"
+            );
+        }
+    }
+
     /// Stores `response` for `claim` (one bounded store call).
     pub(crate) async fn complete(
         &self,

@@ -38,6 +38,11 @@ pub(super) struct WaitForKey<'a> {
 pub(super) enum Next {
     /// Ask the store again (the wake is armed when [`WaitForKey::arm`] is called first).
     AskAgain,
+    /// The request just took its place among this process's waiters: where the running
+    /// request's record can be watched for its settle by another process
+    /// ([`IdempotencyStore::watch_settle`](crate::IdempotencyStore::watch_settle)), watch it,
+    /// then ask the store again.
+    Watch,
     /// Stop waiting: answer in flight, with this `Retry-After`.
     InFlight(Duration),
 }
@@ -70,8 +75,8 @@ impl<'a> WaitForKey<'a> {
 
     /// The last look found `(scope, key)` held by another request: ask again, or answer in flight
     /// with `retry_after`. The first time, the request takes a place among this process's
-    /// waiters and asks again at once (with the wake armed, so a settle before that look is
-    /// not missed); past the waiters' bounds, or past the wait, it answers now. Later, it naps
+    /// waiters ([`Next::Watch`]) and asks again at once (with the wake armed, so a settle before
+    /// that look is not missed); past the waiters' bounds, or past the wait, it answers now. Later, it naps
     /// until woken, its poll (doubling from [`FIRST_POLL`] to [`MAX_POLL`]), the end of its
     /// wait, or `nap_at_most`, whichever comes first.
     pub(super) async fn running(
@@ -91,7 +96,7 @@ impl<'a> WaitForKey<'a> {
             return match self.waiters.join(scope, key) {
                 Some(place) => {
                     self.waiting = Some(Box::new(place));
-                    Next::AskAgain
+                    Next::Watch
                 }
                 None => Next::InFlight(retry_after),
             };
@@ -141,7 +146,7 @@ mod tests {
         let retry = Duration::from_millis(700);
         // The first look: a place, and at once another look.
         let next = wait.running(&s, &k, retry, Duration::MAX, wait.arm()).await;
-        assert_eq!(next, Next::AskAgain);
+        assert_eq!(next, Next::Watch);
         assert_eq!(waiters.waiting(), 1);
         assert_eq!(Instant::now(), started, "the second look is not delayed");
         // Then naps of 10, 20, 40 ms, and the rest of the 100 ms wait.
@@ -150,6 +155,7 @@ mod tests {
             let before = Instant::now();
             match wait.running(&s, &k, retry, Duration::MAX, wait.arm()).await {
                 Next::AskAgain => naps.push((Instant::now() - before).as_millis()),
+                Next::Watch => panic!("a place is taken once"),
                 Next::InFlight(after) => {
                     assert_eq!(after, retry);
                     break;
@@ -170,7 +176,7 @@ mod tests {
         let retry = Duration::from_secs(1);
         assert_eq!(
             wait.running(&s, &k, retry, Duration::MAX, wait.arm()).await,
-            Next::AskAgain
+            Next::Watch
         );
         // Bounded by the caller (a lease that ends sooner than the poll).
         let before = Instant::now();
@@ -202,7 +208,7 @@ mod tests {
         let retry = Duration::from_secs(1);
         assert_eq!(
             first.running(&s, &k, retry, Duration::MAX, None).await,
-            Next::AskAgain
+            Next::Watch
         );
         assert_eq!(
             second.running(&s, &k, retry, Duration::MAX, None).await,

@@ -11,11 +11,11 @@
 //! [`EngineConfig::max_waiters_per_key`]: crate::EngineConfig#structfield.max_waiters_per_key
 //! [`EngineConfig::max_waiters`]: crate::EngineConfig#structfield.max_waiters
 
+use crate::store::wake_id;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::{IdempotencyKey, Scope};
 use std::collections::HashMap;
-use std::collections::hash_map::{Entry, RandomState};
-use std::hash::BuildHasher;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, PoisonError};
 use tokio::sync::Notify;
 
@@ -36,8 +36,8 @@ pub(crate) struct Waiters {
     /// How many wait now, in all: read without the lock by every settled request, so one that
     /// no duplicate waits for pays an atomic load and nothing else.
     waiting: AtomicUsize,
+    /// By the key's [`wake_id`], which another process's settle names too.
     keys: Mutex<HashMap<u64, Waited>>,
-    hasher: RandomState,
     per_key: usize,
     total: usize,
     gauge: metrics::Gauge,
@@ -60,17 +60,10 @@ impl Waiters {
         Waiters {
             waiting: AtomicUsize::new(0),
             keys: Mutex::new(HashMap::new()),
-            hasher: RandomState::new(),
             per_key,
             total,
             gauge,
         }
-    }
-
-    /// Keys are told apart by a hash of the scope and key: two that collide wake each other's
-    /// waiters, which then find their own key still running and wait on.
-    fn id(&self, scope: &Scope, key: &IdempotencyKey) -> u64 {
-        self.hasher.hash_one((scope.as_str(), key.as_str()))
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Waited>> {
@@ -81,7 +74,9 @@ impl Waiters {
     /// A place among the waiters of `(scope, key)`, or `None` when as many as the bounds allow
     /// already wait (the caller answers in flight at once).
     pub(crate) fn join(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Waiting<'_>> {
-        let id = self.id(scope, key);
+        // Keys are told apart by their wake id: two that share one wake each other's waiters,
+        // which then find their own key still running and wait on.
+        let id = wake_id(scope, key);
         let mut keys = self.lock();
         if self.waiting.load(Ordering::Relaxed) >= self.total || self.per_key == 0 {
             drop(keys);
@@ -124,7 +119,15 @@ impl Waiters {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let id = self.id(scope, key);
+        self.wake_id(wake_id(scope, key));
+    }
+
+    /// Another process settled the key of `id` ([`wake_id`], heard through the store's
+    /// [`SettledKeys`](crate::store::SettledKeys)): its waiting duplicates ask the store now.
+    pub(crate) fn wake_id(&self, id: u64) {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some(waited) = self.lock().get(&id) {
             waited.notify.notify_waiters();
         }

@@ -194,6 +194,42 @@ impl DriverOps for Sqlx {
         )
     }
 
+    async fn listen(
+        &self,
+        channel: &str,
+        notices: tokio::sync::mpsc::UnboundedSender<String>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<bool, DriverError> {
+        // A connection of its own, made with the pool's options.
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+            .await
+            .map_err(driver_error)?;
+        listener.listen(channel).await.map_err(driver_error)?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    notice = listener.try_recv() => match notice {
+                        Ok(Some(notice)) => {
+                            if notices.send(notice.payload().to_owned()).is_err() {
+                                break;
+                            }
+                        }
+                        // The connection was lost: notices sent meanwhile are not heard, so the
+                        // session ends here (the store opens another at the next wait) rather
+                        // than letting sqlx reconnect as if nothing was missed.
+                        Ok(None) => break,
+                        Err(error) => {
+                            tracing::debug!(error = %error, "the store's listening session ended");
+                            break;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(true)
+    }
+
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let mut connection = self.pool.acquire().await.map_err(sqlx_error)?;
         watch

@@ -33,6 +33,9 @@ pub struct TokioPostgres {
     pub(crate) prepared: Arc<AtomicBool>,
     /// The server-side bound of the sentinel's check (see `pool::setup_bound`).
     pub(crate) setup_bound: std::time::Duration,
+    /// How the listening session connects: the pool's settings, when the store built the pool
+    /// from a URL (an application's deadpool pool does not tell its settings).
+    pub(crate) listen_target: Option<Arc<super::listen::ListenTarget>>,
 }
 
 impl std::fmt::Debug for TokioPostgres {
@@ -190,6 +193,18 @@ impl DriverOps for TokioPostgres {
     type Options = TokioOptions;
     type Row = Row;
     type Tx = TokioTx;
+
+    async fn listen(
+        &self,
+        channel: &str,
+        notices: tokio::sync::mpsc::UnboundedSender<String>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<bool, DriverError> {
+        let Some(target) = &self.listen_target else {
+            return Ok(false);
+        };
+        target.listen(channel, notices, stop).await.map(|()| true)
+    }
 
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError> {
         let client = self.client().await.map_err(StoreError::from)?;

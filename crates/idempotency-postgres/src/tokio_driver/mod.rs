@@ -6,6 +6,7 @@
 //! (`tls.rs`).
 
 mod driver;
+mod listen;
 mod options;
 mod pool;
 mod queued;

@@ -3,6 +3,7 @@
 //! connection) or the application's own, and the check that the server is a writer.
 
 use super::driver::TokioPostgres;
+use super::listen::ListenTarget;
 use super::options::{Source, TokioOptions};
 use super::session::TokioSession;
 use super::tls::{self, Connector};
@@ -24,6 +25,7 @@ pub(crate) async fn connect(
     watch: &Arc<Sentinel>,
 ) -> Result<TokioPostgres, PostgresStoreError> {
     let mut url_prepared = true;
+    let mut listen_target = None;
     let pool = match options.source {
         Source::Pool(pool) => pool,
         Source::Url(url) => {
@@ -46,6 +48,10 @@ pub(crate) async fn connect(
             let manager_config = ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             };
+            listen_target = Some(Arc::new(ListenTarget {
+                config: config.clone(),
+                connector: Connector::for_settings(&tls)?,
+            }));
             let manager = match Connector::for_settings(&tls)? {
                 Connector::Plain(tls) => Manager::from_config(config, tls, manager_config),
                 #[cfg(feature = "tls")]
@@ -91,6 +97,7 @@ pub(crate) async fn connect(
         pool,
         prepared: Arc::new(AtomicBool::new(options.prepared_statements && url_prepared)),
         setup_bound: setup_bound(wait),
+        listen_target,
     })
 }
 
