@@ -412,6 +412,7 @@ impl Raw {
                     .arg(&token.as_bytes()[..])
                     .arg(response)
                     .arg(RETENTION.as_millis() as u64)
+                    .arg(format!("{prefix}settled"))
                     .invoke_async(connection)
                     .await
                     .map_err(err)?;

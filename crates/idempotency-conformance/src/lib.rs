@@ -131,6 +131,7 @@ macro_rules! __with_cases {
             once_releases_the_key_when_the_work_fails
             once_stores_a_permanent_refusal_as_a_value
             once_tells_a_concurrent_duplicate_it_is_in_flight
+            watched_settles_are_heard_and_only_those
         }
     };
 }
@@ -148,6 +149,7 @@ mod tests {
             include_str!("cases/fencing.rs"),
             include_str!("cases/once.rs"),
             include_str!("cases/replay.rs"),
+            include_str!("cases/wake.rs"),
         ];
         let mut written: Vec<&str> = sources
             .iter()

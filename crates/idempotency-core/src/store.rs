@@ -24,7 +24,7 @@ mod purge;
 mod settled_keys;
 
 pub use purge::purge_periodically;
-pub use settled_keys::{OnSettled, SettledKeys, parse_wake_id, wake_id};
+pub use settled_keys::{OnSettled, SettleListener, SettledKeys, parse_wake_id, wake_id};
 
 use std::sync::Arc;
 use std::time::Duration;

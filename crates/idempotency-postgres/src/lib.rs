@@ -63,7 +63,6 @@ mod record;
 mod schema;
 mod sentinel;
 mod session;
-mod settle_listener;
 mod sqlstate;
 #[cfg(feature = "sqlx")]
 mod sqlx_driver;

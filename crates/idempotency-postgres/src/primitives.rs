@@ -4,9 +4,8 @@
 use crate::driver::{Driver, DriverRow, Param, Undo, record_from_row};
 use crate::error::BACKEND;
 use crate::schema::Sql;
-use crate::settle_listener::SettleListener;
 use crate::table::Table;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record};
+use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record, SettleListener};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -146,11 +145,22 @@ impl<D: Driver> StoreCore<D> {
         key: &IdempotencyKey,
     ) -> Result<(), StoreError> {
         let statements = &self.table.statements;
-        if !self
+        let channel = &statements.channel;
+        let listening = self
             .listener
-            .ensure(&self.driver, &statements.channel)
-            .await?
-        {
+            .ensure(|notices, stop| async move {
+                let opened = self.driver.listen(channel, notices, stop).await?;
+                if !opened {
+                    tracing::info!(
+                        "the store cannot open a listening session (it was built on an \
+                         application's deadpool pool): duplicates waiting on another instance \
+                         poll for its answer"
+                    );
+                }
+                Ok(opened)
+            })
+            .await?;
+        if !listening {
             return Ok(());
         }
         let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];

@@ -173,7 +173,7 @@ impl<D: Driver> IdempotencyStore for PostgresStore<D> {
     }
 
     fn settled_keys(&self) -> Option<&idempotency_core::store::SettledKeys> {
-        Some(&self.inner.listener.settled)
+        Some(self.inner.listener.settled_keys())
     }
 
     async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {

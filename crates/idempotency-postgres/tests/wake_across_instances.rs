@@ -1,17 +1,16 @@
 //! Waking duplicates across instances (migration 0004, `LISTEN`/`NOTIFY`): two stores on one
-//! table stand for two instances. A duplicate waiting on one instance marks the running key,
-//! and the other instance's settle of a marked key (its answer stored, in the request's
-//! transaction or not, or the key given back) is heard by the first instance when it commits;
-//! a key nobody waits for sends nothing. Then through two engines: the waiting duplicate is
-//! answered with the replay, and its instance heard the settle.
+//! table stand for two instances, each with an engine. A duplicate waiting on instance B marks
+//! the running key; the request on A completes in its transaction; B hears the commit and the
+//! duplicate replays. (What a store hears of settles, watched or not, is the conformance case
+//! `watched_settles_are_heard_and_only_those`, run on every table mode and both drivers.)
 
 mod postgres {
     use bytes::Bytes;
     use idempotency_core::http::{HeaderMap, StatusCode};
-    use idempotency_core::store::{ClaimOutcome, FenceOutcome, OnSettled, wake_id};
+    use idempotency_core::store::{OnSettled, wake_id};
     use idempotency_core::{
         Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
-        IdempotencyKey, IdempotencyStore, KeyFormat, LeaseToken, Scope, StoredResponse,
+        IdempotencyKey, IdempotencyStore, KeyFormat, Scope, StoredResponse,
     };
     use idempotency_postgres::{PostgresStore, TableMode};
     use idempotency_testkit::TestSchema;
@@ -19,8 +18,6 @@ mod postgres {
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::mpsc;
-
-    const LEASE: Duration = Duration::from_secs(30);
 
     fn fp() -> Fingerprint {
         Fingerprint::of_request("POST", "/orders", b"{}", BodyCanonicalization::Raw)
@@ -80,113 +77,6 @@ mod postgres {
             .await
             .expect("a settle of a watched key is heard within 10 s")
             .expect("the subscription is open")
-    }
-
-    async fn claim<S: IdempotencyStore>(
-        store: &S,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> LeaseToken {
-        let token = LeaseToken::new();
-        let outcome = store
-            .claim(scope, key, &fp(), token, LEASE)
-            .await
-            .expect("claim");
-        assert!(matches!(outcome, ClaimOutcome::Claimed), "a fresh key");
-        token
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_watched_key_s_settle_is_heard_by_the_other_instance_and_only_it() {
-        let schema = TestSchema::new("idem_wake");
-        let (a, b) = instances(&schema).await;
-        settles_are_heard(a, b).await;
-    }
-
-    /// The same on sqlx, whose listening session `PgListener` opens from the pool's options.
-    #[cfg(feature = "sqlx")]
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn on_sqlx_a_watched_key_s_settle_is_heard_by_the_other_instance_and_only_it() {
-        use idempotency_postgres::SqlxPostgresStore;
-        use idempotency_postgres::sqlx::postgres::PgPoolOptions;
-        let schema = TestSchema::new("idem_wake_sqlx");
-        let url = postgres_url();
-        let mut stores = Vec::new();
-        for _ in 0..2 {
-            let pool = PgPoolOptions::new()
-                .max_connections(4)
-                .connect(&url)
-                .await
-                .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
-            let store = SqlxPostgresStore::builder_from_sqlx_pool(pool)
-                .schema(schema.name())
-                .build()
-                .await
-                .expect("build");
-            store.migrate().await.expect("migrate a fresh schema");
-            stores.push(store);
-        }
-        let b = stores.pop().expect("two stores");
-        let a = stores.pop().expect("two stores");
-        settles_are_heard(a, b).await;
-    }
-
-    /// Instance B watches keys that A runs: B hears A's settle of each watched key (completed,
-    /// released), in commit order, and of no other.
-    async fn settles_are_heard<S: IdempotencyStore>(a: S, b: S) {
-        let (_subscriber, mut heard) = heard(&b);
-        let scope = Scope::new("wake").expect("scope");
-
-        // Completed: heard.
-        let completed = key();
-        let token = claim(&a, &scope, &completed).await;
-        b.watch_settle(&scope, &completed).await.expect("watch");
-        let done = a
-            .complete(&scope, &completed, token, &created(), LEASE)
-            .await
-            .expect("complete");
-        assert_eq!(done, FenceOutcome::Applied);
-        assert_eq!(next(&mut heard).await, wake_id(&scope, &completed));
-
-        // Nobody waits: nothing is sent. A watched key settled after it comes next, and
-        // notices arrive in commit order, so a notice of the first would have come first.
-        let unwatched = key();
-        let token = claim(&a, &scope, &unwatched).await;
-        let done = a
-            .complete(&scope, &unwatched, token, &created(), LEASE)
-            .await
-            .expect("complete");
-        assert_eq!(done, FenceOutcome::Applied);
-        let released = key();
-        let token = claim(&a, &scope, &released).await;
-        b.watch_settle(&scope, &released).await.expect("watch");
-        let done = a.release(&scope, &released, token).await.expect("release");
-        assert_eq!(done, FenceOutcome::Applied, "the release applies (one row)");
-        assert_eq!(
-            next(&mut heard).await,
-            wake_id(&scope, &released),
-            "a key given back is heard, and a key nobody waited for sent nothing"
-        );
-
-        // A watch of a key that is not running marks nothing: its later claim's settle sends
-        // nothing either.
-        let late = key();
-        b.watch_settle(&scope, &late).await.expect("watch");
-        let token = claim(&a, &scope, &late).await;
-        let done = a
-            .complete(&scope, &late, token, &created(), LEASE)
-            .await
-            .expect("complete");
-        assert_eq!(done, FenceOutcome::Applied);
-        let fence = key();
-        let token = claim(&a, &scope, &fence).await;
-        b.watch_settle(&scope, &fence).await.expect("watch");
-        let done = a
-            .complete(&scope, &fence, token, &created(), LEASE)
-            .await
-            .expect("complete");
-        assert_eq!(done, FenceOutcome::Applied);
-        assert_eq!(next(&mut heard).await, wake_id(&scope, &fence));
     }
 
     /// Through engines, in the lease mode with the handler's writes in the request's

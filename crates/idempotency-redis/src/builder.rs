@@ -5,6 +5,7 @@ use crate::connection::Connection;
 use crate::error::{BACKEND, RedisStoreError};
 use crate::store::{Inner, RedisStore, ReplicaWait};
 use crate::{eviction, sentinel};
+use idempotency_core::store::SettleListener;
 use idempotency_core::store::StateLoss;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::fmt;
@@ -193,6 +194,16 @@ impl RedisStoreBuilder {
             )));
         }
         let tls = self.tls()?;
+        // Where the store subscribes to settle notices: plain clients of the server, or of each
+        // node of a cluster, with the store's TLS settings.
+        let node_urls: Vec<String> = match &self.target {
+            Target::Single(url) => vec![url.clone()],
+            Target::Cluster(nodes) => nodes.clone(),
+        };
+        let subscribe_to = node_urls
+            .iter()
+            .map(|url| node_client(url, tls.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
         let client = match self.target {
             Target::Single(url) => {
                 let client = match tls {
@@ -258,7 +269,6 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 connection,
                 sentinels: std::sync::Mutex::new(sentinels),
-                prefix: self.prefix,
                 needs_check: AtomicBool::new(false),
                 losses: StateLoss::watching(BACKEND),
                 evicted_seen: Default::default(),
@@ -267,6 +277,10 @@ impl RedisStoreBuilder {
                 replica_wait: self.replica_wait,
                 waiting,
                 next_waiting: Default::default(),
+                listener: SettleListener::new(),
+                subscribe_to,
+                channel: format!("{}settled", self.prefix),
+                prefix: self.prefix,
             }),
         };
         // The first store on this prefix plants the sentinel; its later absence means Redis lost
@@ -364,4 +378,23 @@ impl RedisStore {
             replica_wait: None,
         }
     }
+}
+
+/// A plain client of the node at `url`, with the store's TLS roots (for a session of its own:
+/// the store's settle notices).
+fn node_client(url: &str, tls: Option<&TlsRoots>) -> Result<redis::Client, RedisStoreError> {
+    match tls {
+        #[cfg(feature = "tls")]
+        Some(TlsRoots {
+            root_cert: Some(root_cert),
+        }) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert.clone()),
+            },
+        ),
+        _ => redis::Client::open(url),
+    }
+    .map_err(RedisStoreError::Connect)
 }

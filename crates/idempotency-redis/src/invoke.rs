@@ -4,7 +4,7 @@
 use crate::connection::Connection;
 use crate::error::{BACKEND, corrupt, redis_error};
 use crate::store::{RedisStore, ReplicaWait};
-use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
+use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE, WATCH};
 use idempotency_core::StoreError;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
@@ -84,7 +84,7 @@ impl RedisStore {
         if self.inner.replica_wait.is_none() {
             return Ok(());
         }
-        for script in [&*CLAIM, &*COMPLETE, &*EXTEND, &*RELEASE, &*GET] {
+        for script in [&*CLAIM, &*COMPLETE, &*EXTEND, &*RELEASE, &*GET, &*WATCH] {
             match &self.inner.connection {
                 Connection::Single(c) => script.load_async(&mut c.clone()).await?,
                 Connection::Cluster(c) => script.load_async(&mut c.clone()).await?,

@@ -40,6 +40,7 @@ mod eviction;
 mod invoke;
 mod reply;
 mod sentinel;
+mod settle_notices;
 mod status;
 mod store;
 
@@ -60,12 +61,15 @@ pub const DEFAULT_PREFIX: &str = "idempotency:";
 pub(crate) mod scripts {
     /// Claim: `KEYS[1]` record; `ARGV` fingerprint, token, lease ms.
     pub(crate) const CLAIM: &str = include_str!("../lua/claim.lua");
-    /// Complete: `KEYS[1]` record; `ARGV` token, response bytes, retention ms.
+    /// Complete: `KEYS[1]` record; `ARGV` token, response bytes, retention ms, settle channel.
     pub(crate) const COMPLETE: &str = include_str!("../lua/complete.lua");
     /// Extend: `KEYS[1]` record; `ARGV` token, lease ms.
     pub(crate) const EXTEND: &str = include_str!("../lua/extend.lua");
-    /// Release: `KEYS[1]` record; `ARGV` token.
+    /// Release: `KEYS[1]` record; `ARGV` token, settle channel.
     pub(crate) const RELEASE: &str = include_str!("../lua/release.lua");
+    /// Watch (a waiting duplicate marks the running record): `KEYS[1]` record; `ARGV` the
+    /// key's wake id.
+    pub(crate) const WATCH: &str = include_str!("../lua/watch.lua");
     /// Get: `KEYS[1]` record.
     pub(crate) const GET: &str = include_str!("../lua/get.lua");
 }
@@ -75,3 +79,4 @@ pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(scri
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::EXTEND));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::GET));
+pub(crate) static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::WATCH));

@@ -5,9 +5,11 @@ use crate::connection::Connection;
 use crate::error::{BACKEND, corrupt, redis_error};
 use crate::reply::{CLAIMED, COMPLETED, IN_FLIGHT, record_from_reply};
 use crate::sentinel;
-use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE};
+use crate::{CLAIM, COMPLETE, EXTEND, GET, RELEASE, WATCH};
 use async_trait::async_trait;
-use idempotency_core::store::{ClaimOutcome, FenceOutcome, Record, StateLoss};
+use idempotency_core::store::{
+    ClaimOutcome, FenceOutcome, Record, SettleListener, SettledKeys, StateLoss, wake_id,
+};
 use idempotency_core::{
     Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError, StoredResponse,
 };
@@ -38,6 +40,13 @@ pub(crate) struct Inner {
     pub(crate) waiting: Vec<Connection>,
     /// The next of `waiting` to use.
     pub(crate) next_waiting: std::sync::atomic::AtomicUsize,
+    /// The session subscribed to the settle notices of waited-for keys.
+    pub(crate) listener: SettleListener,
+    /// Where that session subscribes: the server, or each node of a cluster in turn (a
+    /// cluster passes a `PUBLISH` on to every node).
+    pub(crate) subscribe_to: Vec<redis::Client>,
+    /// The channel of settle notices: `<prefix>settled`.
+    pub(crate) channel: String,
 }
 
 /// `WAIT <replicas> <timeout>` after each claim and completion.
@@ -264,7 +273,8 @@ impl IdempotencyStore for RedisStore {
         invocation
             .arg(&token.as_bytes()[..])
             .arg(&response.encode()[..])
-            .arg(millis(retention));
+            .arg(millis(retention))
+            .arg(&self.inner.channel);
         let (applied, replicated): (u64, _) =
             self.write(&invocation, &record, "completion").await?;
         let outcome = FenceOutcome::from_count(applied);
@@ -306,7 +316,9 @@ impl IdempotencyStore for RedisStore {
         token: LeaseToken,
     ) -> Result<FenceOutcome, StoreError> {
         let mut invocation = RELEASE.key(self.record_key(scope, key));
-        invocation.arg(&token.as_bytes()[..]);
+        invocation
+            .arg(&token.as_bytes()[..])
+            .arg(&self.inner.channel);
         let applied: u64 = self.invoke(&invocation).await?;
         Ok(FenceOutcome::from_count(applied))
     }
@@ -322,6 +334,29 @@ impl IdempotencyStore for RedisStore {
             }
             _ => Err(corrupt("unexpected get reply")),
         }
+    }
+
+    fn settled_keys(&self) -> Option<&SettledKeys> {
+        Some(self.inner.listener.settled_keys())
+    }
+
+    /// Subscribes first (once per store, on a connection of its own), so that a settle after
+    /// the mark is heard; then marks the running record with the key's wake id.
+    async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let listening = inner
+            .listener
+            .ensure(|notices, stop| {
+                crate::settle_notices::subscribe(&inner.subscribe_to, &inner.channel, notices, stop)
+            })
+            .await?;
+        if !listening {
+            return Ok(());
+        }
+        let mut invocation = WATCH.key(self.record_key(scope, key));
+        invocation.arg(format!("{:016x}", wake_id(scope, key)));
+        let _marked: u64 = self.invoke(&invocation).await?;
+        Ok(())
     }
 
     /// Redis expires records by itself (`PEXPIRE`): nothing to purge.

@@ -9,6 +9,7 @@ mod expiry;
 mod fencing;
 mod once;
 mod replay;
+mod wake;
 
 pub use claim::*;
 pub use engine::*;
@@ -16,6 +17,7 @@ pub use expiry::*;
 pub use fencing::*;
 pub use once::*;
 pub use replay::*;
+pub use wake::*;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
