@@ -10,6 +10,7 @@ use reqwest_middleware::{Middleware, Next};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 /// What the caller learns of a logical request: in the extensions of the response the
 /// middleware hands back (`response.extensions().get::<Attempts>()`).
@@ -203,81 +204,141 @@ impl Middleware for IdempotentRetry {
                 key
             }
         };
+        // One span per logical request, and one per attempt inside it: the key is never shown
+        // (a key replays its answer to whoever sends it), only a digest of it, which ties the
+        // attempts of one key together across a client's and a server's logs.
+        let span = tracing::info_span!(
+            "idempotent_request",
+            method = %request.method(),
+            host = request.url().host_str().unwrap_or(""),
+            path = request.url().path(),
+            key_digest = %key_digest(&key),
+            attempts = tracing::field::Empty,
+            status = tracing::field::Empty,
+            replayed = tracing::field::Empty,
+        );
         let deadline = Instant::now() + settings.deadline;
         let mut attempts = 0;
         // Each attempt but the last sends a copy; the last sends the request itself. A body that
         // cannot be copied (a stream) is refused at the first attempt, before anything is sent.
         let mut request = Some(request);
-        loop {
-            attempts += 1;
-            let last = attempts >= settings.max_attempts;
-            let this = match request.as_ref() {
-                Some(_) if last => request.take(),
-                Some(original) => original.try_clone(),
-                None => None,
-            };
-            let Some(this) = this else {
-                return Err(reqwest_middleware::Error::middleware(
-                    ClientError::BodyNotReplayable,
-                ));
-            };
-            let sent = tokio::time::timeout_at(deadline, next.clone().run(this, extensions)).await;
-            let wait = match sent {
-                Err(_) => {
+        let request_span = span.clone();
+        async move {
+            loop {
+                attempts += 1;
+                let last = attempts >= settings.max_attempts;
+                let this = match request.as_ref() {
+                    Some(_) if last => request.take(),
+                    Some(original) => original.try_clone(),
+                    None => None,
+                };
+                let Some(this) = this else {
                     return Err(reqwest_middleware::Error::middleware(
-                        ClientError::DeadlineExceeded {
-                            key,
-                            attempts,
-                            deadline: settings.deadline,
-                        },
+                        ClientError::BodyNotReplayable,
                     ));
-                }
-                Ok(Ok(mut response)) => {
-                    let verdict = classify(settings.profile, response.status(), response.headers());
-                    let wait = match verdict {
-                        Verdict::Final => None,
-                        Verdict::Retry { after: Some(after) }
-                            if after > settings.max_retry_after =>
-                        {
-                            None
-                        }
-                        Verdict::Retry { after } => {
-                            Some(after.unwrap_or_else(|| self.backoff(attempts)))
-                        }
-                    };
-                    match wait {
-                        Some(wait) if !last && Instant::now() + wait < deadline => wait,
-                        _ => {
-                            let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
-                            response.extensions_mut().insert(Attempts {
+                };
+                let attempt = tracing::debug_span!(
+                    "attempt",
+                    n = attempts,
+                    status = tracing::field::Empty,
+                    retry_in_ms = tracing::field::Empty,
+                );
+                request_span.record("attempts", attempts);
+                let sent = tokio::time::timeout_at(
+                    deadline,
+                    next.clone()
+                        .run(this, extensions)
+                        .instrument(attempt.clone()),
+                )
+                .await;
+                let wait = match sent {
+                    Err(_) => {
+                        return Err(reqwest_middleware::Error::middleware(
+                            ClientError::DeadlineExceeded {
                                 key,
                                 attempts,
-                                replayed,
-                            });
-                            return Ok(response);
+                                deadline: settings.deadline,
+                            },
+                        ));
+                    }
+                    Ok(Ok(mut response)) => {
+                        attempt.record("status", response.status().as_u16());
+                        let verdict =
+                            classify(settings.profile, response.status(), response.headers());
+                        let wait = match verdict {
+                            Verdict::Final => None,
+                            Verdict::Retry { after: Some(after) }
+                                if after > settings.max_retry_after =>
+                            {
+                                None
+                            }
+                            Verdict::Retry { after } => {
+                                Some(after.unwrap_or_else(|| self.backoff(attempts)))
+                            }
+                        };
+                        match wait {
+                            Some(wait) if !last && Instant::now() + wait < deadline => {
+                                attempt.record("retry_in_ms", wait.as_millis() as u64);
+                                tracing::debug!(
+                                    parent: &attempt,
+                                    status = response.status().as_u16(),
+                                    "not final; sending again with the same key"
+                                );
+                                wait
+                            }
+                            _ => {
+                                let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
+                                request_span.record("status", response.status().as_u16());
+                                request_span.record("replayed", replayed);
+                                response.extensions_mut().insert(Attempts {
+                                    key,
+                                    attempts,
+                                    replayed,
+                                });
+                                return Ok(response);
+                            }
                         }
                     }
-                }
-                Ok(Err(error)) => {
-                    let wait = self.backoff(attempts);
-                    if no_answer(&error).is_none() {
-                        return Err(error);
-                    }
-                    if last || Instant::now() + wait >= deadline {
-                        let reqwest_middleware::Error::Reqwest(source) = error else {
+                    Ok(Err(error)) => {
+                        let wait = self.backoff(attempts);
+                        if no_answer(&error).is_none() {
                             return Err(error);
-                        };
-                        return Err(reqwest_middleware::Error::middleware(ClientError::GaveUp {
-                            key,
-                            attempts,
-                            source,
-                        }));
+                        }
+                        if last || Instant::now() + wait >= deadline {
+                            let reqwest_middleware::Error::Reqwest(source) = error else {
+                                return Err(error);
+                            };
+                            return Err(reqwest_middleware::Error::middleware(
+                                ClientError::GaveUp {
+                                    key,
+                                    attempts,
+                                    source,
+                                },
+                            ));
+                        }
+                        attempt.record("retry_in_ms", wait.as_millis() as u64);
+                        tracing::debug!(
+                            parent: &attempt,
+                            error = %error,
+                            "no answer; sending again with the same key"
+                        );
+                        wait
                     }
-                    tracing::debug!(attempts, error = %error, "no answer; sending again with the same key");
-                    wait
-                }
-            };
-            tokio::time::sleep(wait).await;
+                };
+                tokio::time::sleep(wait).await;
+            }
         }
+        .instrument(span)
+        .await
     }
+}
+
+/// The first 16 hex digits of the SHA-256 of `key`: names a key in logs without showing it.
+fn key_digest(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(key.as_bytes());
+    digest[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
