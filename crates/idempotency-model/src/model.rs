@@ -74,6 +74,7 @@ impl Protocol {
                 lost_answers: 1,
                 crashes: 1,
                 freezes: 1,
+                state_losses: 0,
             },
             bug: None,
         }
@@ -126,6 +127,8 @@ pub enum Action {
     Expire,
     /// The server ends request `id`'s transaction, idle past its bound (its process frozen).
     KillIdle(u8),
+    /// The store loses what it holds ([`Budget::state_losses`]).
+    LoseState,
 }
 
 /// A client's id when it stopped waiting for a request.
@@ -164,6 +167,7 @@ impl Model for Protocol {
             excused: 0,
             saw_unknown: false,
             saw_takeover: false,
+            saw_record_lost: false,
         }]
     }
 
@@ -243,6 +247,9 @@ impl Model for Protocol {
         {
             actions.push(Action::Expire);
         }
+        if state.budget.state_losses > 0 {
+            actions.push(Action::LoseState);
+        }
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -275,6 +282,7 @@ impl Model for Protocol {
             }
             Action::Thaw(i) => state.instances[usize::from(i)].frozen = false,
             Action::Expire => self.expire(&mut state),
+            Action::LoseState => self.lose_state(&mut state),
             Action::KillIdle(id) => {
                 let request = state.requests.iter_mut().find(|r| r.id == id)?;
                 if let Some(tx) = &mut request.tx {
@@ -372,6 +380,35 @@ impl Protocol {
                 .count() as u8;
         }
         state.tasks.retain(|task| task.instance() != i);
+    }
+
+    /// The store loses its records. A completed record's key runs again on its next request:
+    /// the accepted risk of such a store, excused. A lost claim is judged like a lapsed lease:
+    /// in the lease mode its holder's unrecorded outcome is excused; the transactional modes
+    /// must make do without any excuse (on a database the loss is a crash, which ended every
+    /// open transaction: none of their writes commit, and the lock a one-transaction request
+    /// held is gone).
+    fn lose_state(&self, state: &mut State) {
+        state.budget.state_losses -= 1;
+        state.saw_record_lost |= state.store.record != Record::Free;
+        match state.store.record {
+            Record::Completed(_) => state.excused += 1,
+            Record::Claimed { token, .. }
+                if self.mode == Mode::Lease && outcome_unrecorded(state, token) =>
+            {
+                state.excused += 1;
+            }
+            Record::Claimed { .. } | Record::Free => {}
+        }
+        state.store.record = Record::Free;
+        if self.mode != Mode::Lease {
+            for request in &mut state.requests {
+                if let Some(tx) = &mut request.tx {
+                    tx.killed = true;
+                }
+            }
+            state.store.lock = None;
+        }
     }
 
     fn expire(&self, state: &mut State) {

@@ -22,6 +22,10 @@ pub const UNKNOWN_NEVER_KNOWN: &str = "an unknown outcome is never reported as k
 /// Every run ends with nothing held: no request, no task, no lock, no live claim.
 pub const KEY_SETTLES: &str = "every run ends with the key settled";
 
+/// Reached when the store may lose its state: it lost a record that mattered (a claim, or an
+/// answer), so a check with a state loss is not vacuous.
+pub const RECORD_LOST: &str = "the store loses a record that mattered";
+
 /// Every property the model checks.
 pub(crate) fn all() -> Vec<Property<Protocol>> {
     vec![
@@ -49,6 +53,9 @@ pub(crate) fn all() -> Vec<Property<Protocol>> {
                 matches!(m.mode, Mode::OneTransaction | Mode::Speculative) || s.saw_takeover
             },
         ),
+        Property::sometimes(RECORD_LOST, |m: &Protocol, s: &State| {
+            m.faults.state_losses == 0 || s.saw_record_lost
+        }),
         Property::sometimes(
             "a client is told the outcome is unknown",
             |m: &Protocol, s: &State| m.mode == Mode::Lease || s.saw_unknown,

@@ -217,12 +217,16 @@ pub struct State {
     /// Outcomes a process left unrecorded when it died or froze past its lease (the lease mode
     /// on a store without transactions): a side effect made outside any transaction, or an
     /// answer its client already had while its store was retried in the background. No record
-    /// can make those once, and the properties allow exactly these.
+    /// can make those once, and the properties allow exactly these. Also each completed record
+    /// the store lost (the accepted risk of a store that can lose its records: a retry of that
+    /// key runs again), and in the lease mode a claim it lost while its outcome was unrecorded.
     pub excused: u8,
     /// A commit's answer was lost (some run had an outcome nobody knew).
     pub saw_unknown: bool,
     /// A lease was taken over.
     pub saw_takeover: bool,
+    /// The store lost a record (a claim, or an answer).
+    pub saw_record_lost: bool,
 }
 
 /// Faults still to inject on a run.
@@ -236,4 +240,8 @@ pub struct Budget {
     pub crashes: u8,
     /// Instance freezes (each thaws later).
     pub freezes: u8,
+    /// The store losing what it holds (an UNLOGGED table emptied by crash recovery, Redis
+    /// restarted without persistence): the key's record is gone, and on a database the crash
+    /// ended every open transaction with it.
+    pub state_losses: u8,
 }
