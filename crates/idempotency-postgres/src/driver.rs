@@ -372,6 +372,12 @@ pub trait DriverOps: Send + Sync + 'static {
     /// `PostgresStore::check_state`).
     async fn check_state(&self, watch: &Sentinel) -> Result<bool, StoreError>;
 
+    /// Whether [`DriverOps::listen`] can open a session that hears notices: not behind a
+    /// transaction-mode pooler (which does not carry `LISTEN`), as far as the driver knows.
+    fn can_listen(&self) -> bool {
+        true
+    }
+
     /// Opens a session of the driver's own (not a pooled connection: a listening session is
     /// held for as long as the store lives) that listens on `channel`, a plain identifier, and
     /// sends each notice's payload to `notices` until `stop` is cancelled or the session ends,

@@ -153,8 +153,8 @@ impl<D: Driver> StoreCore<D> {
                 if !opened {
                     tracing::info!(
                         "the store cannot open a listening session (it was built on an \
-                         application's deadpool pool): duplicates waiting on another instance \
-                         poll for its answer"
+                         application's deadpool pool, or a transaction-mode pooler is in \
+                         front): duplicates waiting on another instance poll for its answer"
                     );
                 }
                 Ok(opened)

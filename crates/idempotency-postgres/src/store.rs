@@ -173,7 +173,12 @@ impl<D: Driver> IdempotencyStore for PostgresStore<D> {
     }
 
     fn settled_keys(&self) -> Option<&idempotency_core::store::SettledKeys> {
-        Some(self.inner.listener.settled_keys())
+        // Behind a transaction-mode pooler (or on an application's deadpool pool) nothing is
+        // heard: duplicates poll.
+        self.inner
+            .driver
+            .can_listen()
+            .then(|| self.inner.listener.settled_keys())
     }
 
     async fn watch_settle(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), StoreError> {

@@ -194,13 +194,21 @@ impl DriverOps for TokioPostgres {
     type Row = Row;
     type Tx = TokioTx;
 
+    /// A store built on an application's pool has no listening target; one told (or that
+    /// found out) that a transaction-mode pooler is in front sends statements unnamed, and a
+    /// `LISTEN` through such a pooler would be lent a server connection for one transaction and
+    /// hear nothing after it.
+    fn can_listen(&self) -> bool {
+        self.listen_target.is_some() && self.prepared.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn listen(
         &self,
         channel: &str,
         notices: tokio::sync::mpsc::UnboundedSender<String>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<bool, DriverError> {
-        let Some(target) = &self.listen_target else {
+        let Some(target) = self.listen_target.as_ref().filter(|_| self.can_listen()) else {
             return Ok(false);
         };
         target.listen(channel, notices, stop).await.map(|()| true)
