@@ -105,3 +105,11 @@ pub(crate) fn metrics_by_series(
     }
     seen
 }
+
+/// Scope `s` and key `k`, for the tests of the waiters and the wait.
+pub(crate) fn scope_and_key(k: &str) -> (Scope, IdempotencyKey) {
+    (
+        Scope::new("s").expect("a valid scope"),
+        IdempotencyKey::parse(k.as_bytes(), Default::default()).expect("a valid key"),
+    )
+}

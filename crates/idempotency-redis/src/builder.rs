@@ -194,40 +194,23 @@ impl RedisStoreBuilder {
             )));
         }
         let tls = self.tls()?;
-        // Where the store subscribes to settle notices: plain clients of the server, or of each
-        // node of a cluster, with the store's TLS settings.
-        let node_urls: Vec<String> = match &self.target {
-            Target::Single(url) => vec![url.clone()],
-            Target::Cluster(nodes) => nodes.clone(),
-        };
-        let subscribe_to = node_urls
-            .iter()
-            .map(|url| node_client(url, tls.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let client = match self.target {
+        // The settle notices are subscribed to on the server's own client, or on a plain client
+        // of each node of a cluster, with the store's TLS settings.
+        let (client, subscribe_to) = match self.target {
             Target::Single(url) => {
-                let client = match tls {
-                    #[cfg(feature = "tls")]
-                    Some(TlsRoots {
-                        root_cert: Some(root_cert),
-                    }) => redis::Client::build_with_tls(
-                        url,
-                        redis::TlsCertificates {
-                            client_tls: None,
-                            root_cert: Some(root_cert),
-                        },
-                    ),
-                    _ => redis::Client::open(url),
-                }
-                .map_err(RedisStoreError::Connect)?;
+                let client = node_client(&url, tls.as_ref())?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
-                Client::Single(client, config)
+                (Client::Single(client.clone(), config), vec![client])
             }
             Target::Cluster(nodes) => {
+                let subscribe_to = nodes
+                    .iter()
+                    .map(|url| node_client(url, tls.as_ref()))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let builder = redis::cluster::ClusterClient::builder(nodes)
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
@@ -244,7 +227,8 @@ impl RedisStoreBuilder {
                 };
                 #[cfg(not(feature = "tls"))]
                 let _ = tls;
-                Client::Cluster(builder.build().map_err(RedisStoreError::Connect)?)
+                let client = builder.build().map_err(RedisStoreError::Connect)?;
+                (Client::Cluster(client), subscribe_to)
             }
         };
         let connection = client.connect().await?;

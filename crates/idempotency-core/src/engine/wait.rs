@@ -115,12 +115,7 @@ impl<'a> WaitForKey<'a> {
 mod tests {
     use super::*;
 
-    fn key(k: &str) -> (Scope, IdempotencyKey) {
-        (
-            Scope::new("s").unwrap(),
-            IdempotencyKey::parse(k.as_bytes(), Default::default()).unwrap(),
-        )
-    }
+    use crate::test_store::scope_and_key as key;
 
     #[tokio::test(start_paused = true)]
     async fn without_a_wait_the_first_look_answers_in_flight() {

@@ -180,12 +180,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn key(k: &str) -> (Scope, IdempotencyKey) {
-        (
-            Scope::new("s").unwrap(),
-            IdempotencyKey::parse(k.as_bytes(), Default::default()).unwrap(),
-        )
-    }
+    use crate::test_store::scope_and_key as key;
 
     #[tokio::test]
     async fn a_wake_reaches_the_waiters_of_its_key_only() {

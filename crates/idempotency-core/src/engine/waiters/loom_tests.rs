@@ -6,12 +6,7 @@
 use super::*;
 use std::task::{Context, Poll};
 
-fn key(k: &str) -> (Scope, IdempotencyKey) {
-    (
-        Scope::new("s").unwrap(),
-        IdempotencyKey::parse(k.as_bytes(), Default::default()).unwrap(),
-    )
-}
+use crate::test_store::scope_and_key as key;
 
 /// Two duplicates join at once, `(scope, a)` here and `(scope, b)` on another thread, each
 /// keeping its place until both have joined; how many got one.
