@@ -37,6 +37,7 @@ pg_isready -h 127.0.0.1 -p "$port" -q || { echo "the server did not start: $dir/
 psql -h 127.0.0.1 -p "$port" -U postgres -qc "CREATE DATABASE idem_pgbench"
 psql -h 127.0.0.1 -p "$port" -U postgres -d idem_pgbench -q -v ON_ERROR_STOP=1 \
   -f migrations/0001_create_idempotency_keys.sql -f migrations/0003_tune_autovacuum.sql \
+  -f migrations/0004_wake_waiting_duplicates.sql \
   -c "CREATE TABLE tasks (id bigserial PRIMARY KEY, title text NOT NULL)"
 
 # The instructions of the backend that ran N transactions of SCRIPT (the largest new profile:

@@ -267,7 +267,9 @@ impl Statements {
             // the insert is not attempted, so replays and in-flight duplicates only read (no
             // row lock, no WAL, no commit flush on a LOGGED table). Otherwise the insert claims
             // the key, or takes over a row whose lease or retention ran out. `$5` is the lease in
-            // seconds.
+            // seconds. The insert names `waited` (migration 0004), which its settle statements
+            // read: on a table without it the claim fails before any work runs, rather than the
+            // work running and only its completion failing (the key then held to its lease).
             claim: Sql::new(
                 format!(
                     "WITH live AS ( \
@@ -275,9 +277,10 @@ impl Statements {
                        WHERE user_id = $1 AND key = $2 AND expires_at > now()), \
                      claimed AS ( \
                        INSERT INTO {t} AS r \
-                         (user_id, key, request_hash, lease_token, locked_until, created_at, expires_at) \
+                         (user_id, key, request_hash, lease_token, locked_until, created_at, \
+                          expires_at, waited) \
                        SELECT $1, $2, $3, $4, now() + make_interval(secs => $5), now(), \
-                              now() + make_interval(secs => $5) \
+                              now() + make_interval(secs => $5), false \
                        WHERE NOT EXISTS (SELECT 1 FROM live) \
                        ON CONFLICT (user_id, key) DO UPDATE SET \
                          request_hash = EXCLUDED.request_hash, lease_token = EXCLUDED.lease_token, \

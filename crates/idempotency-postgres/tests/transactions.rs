@@ -842,6 +842,7 @@ mod postgres {
                 a_job_refused_by_the_database_records_its_refusal,
                 writes_after_the_handler_s_own_rollback_stand,
                 a_running_key_reads_in_flight_in_every_mode,
+                a_table_without_migration_0004_refuses_lease_claims_before_the_work_runs,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(
@@ -850,6 +851,79 @@ mod postgres {
                 super::$case::<$store>().await;
             }
         )*};
+    }
+
+    /// A table upgraded without migration 0004 (no `waited` column, as a deployment that
+    /// skipped it) refuses a lease claim at once, so the work never runs: before, the claim
+    /// did not name the column and stood, the work ran (with effects outside the transaction,
+    /// such as a charge), and only its completion failed, so the key stayed held until its
+    /// lease ran out and the retry after it ran the work again. The one-transaction modes name
+    /// no new column (their records are written complete) and keep working there.
+    async fn a_table_without_migration_0004_refuses_lease_claims_before_the_work_runs<S: Driver>() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        f.sql(
+            "ALTER TABLE \"{schema}\".idempotency_keys DROP COLUMN waited; \
+             DELETE FROM \"{schema}\".idempotency_keys_migrations WHERE version = 4",
+        )
+        .await;
+        let sql = format!(
+            "INSERT INTO \"{}\".side_effects (key) VALUES ($1)",
+            f.schema
+        );
+        for mode in f.claim_modes() {
+            let engine = f.engine(EngineConfig::default().claim_mode(mode));
+            let (s, k) = (scope(), key());
+            let runs = Arc::new(AtomicU32::new(0));
+            let (sql, key_text) = (sql.as_str(), k.as_str());
+            let work = |runs: Arc<AtomicU32>| {
+                move |ctx: idempotency_core::OnceContext| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let slot = ctx.transaction_slot().expect("a transaction");
+                    S::try_write(slot, sql, key_text).await;
+                    Ok::<_, TransactionError>(1_u32)
+                }
+            };
+            let first = tokio::time::timeout(
+                Duration::from_secs(10),
+                engine.once(s.clone(), k.clone(), &"job", work(runs.clone())),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: the call hung"));
+            let again = tokio::time::timeout(
+                Duration::from_secs(10),
+                engine.once(s, k.clone(), &"job", work(runs.clone())),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: the retry hung"));
+            if mode == ClaimMode::Lease {
+                let error = first.expect_err("the claim is refused");
+                assert!(
+                    format!("{error:?}").contains("waited"),
+                    "{mode:?}: the error names the missing column: {error:?}"
+                );
+                assert!(again.is_err(), "{mode:?}: the retry is refused too");
+                assert_eq!(
+                    runs.load(Ordering::SeqCst),
+                    0,
+                    "{mode:?}: the work never ran"
+                );
+            } else {
+                assert!(
+                    matches!(first, Ok(idempotency_core::Outcome::Ran { .. })),
+                    "{mode:?}: {first:?}"
+                );
+                assert!(
+                    matches!(again, Ok(idempotency_core::Outcome::Replayed(1))),
+                    "{mode:?}: {again:?}"
+                );
+            }
+            let once = i64::from(mode != ClaimMode::Lease);
+            assert_eq!(f.side_effects(&k).await, once, "{mode:?}: effects");
+        }
+        f.assert_pool_clean().await;
+        f.drop().await;
     }
 
     /// A job that asks for its transaction again while it holds it (a helper opening it a
