@@ -4,69 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use idempotency_client::{Attempts, IdempotentRetry};
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use idempotency_orders_demo::proxy::LossyProxy;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
-
-/// What the proxy did to each connection, counted.
-#[derive(Default)]
-struct Losses {
-    connections: AtomicUsize,
-    requests_dropped: AtomicUsize,
-    answers_dropped: AtomicUsize,
-}
-
-/// A proxy to `upstream` that, connection by connection in turn, passes it, drops the request
-/// (reads it and closes, never forwarding it), or drops the answer (forwards the request, waits
-/// for the answer to start, closes): the last is a request that ran and whose client never
-/// heard.
-async fn lossy_proxy(upstream: SocketAddr, losses: Arc<Losses>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut client, _)) = listener.accept().await else {
-                return;
-            };
-            let n = losses.connections.fetch_add(1, Ordering::SeqCst);
-            let losses = losses.clone();
-            tokio::spawn(async move {
-                let mut buffer = vec![0u8; 64 * 1024];
-                match n % 3 {
-                    1 => {
-                        let _ = client.read(&mut buffer).await;
-                        losses.requests_dropped.fetch_add(1, Ordering::SeqCst);
-                    }
-                    2 => {
-                        let Ok(server) = TcpStream::connect(upstream).await else {
-                            return;
-                        };
-                        let (mut server_read, mut server_write) = server.into_split();
-                        let (mut client_read, _client_write) = client.into_split();
-                        let forward = tokio::spawn(async move {
-                            let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-                        });
-                        // The answer starts: the request ran. Both ends close unanswered.
-                        let mut first = [0u8; 1];
-                        let _ = server_read.read(&mut first).await;
-                        forward.abort();
-                        losses.answers_dropped.fetch_add(1, Ordering::SeqCst);
-                    }
-                    _ => {
-                        let Ok(mut server) = TcpStream::connect(upstream).await else {
-                            return;
-                        };
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                }
-            });
-        }
-    });
-    address
-}
+use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_through_a_lossy_proxy_ends_once_with_one_answer() {
@@ -74,8 +14,8 @@ async fn every_call_through_a_lossy_proxy_ends_once_with_one_answer() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let demo = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let losses = Arc::new(Losses::default());
-    let proxy = lossy_proxy(demo, losses.clone()).await;
+    let lossy = LossyProxy::start(demo).await.unwrap();
+    let proxy = lossy.address();
 
     // One connection per attempt, so the proxy's turn decides each attempt's fate.
     let http = reqwest::Client::builder()
@@ -111,8 +51,9 @@ async fn every_call_through_a_lossy_proxy_ends_once_with_one_answer() {
         assert_eq!(task["title"], format!("task {call}"));
         ids.push(task["id"].as_str().unwrap().to_owned());
     }
-    assert!(losses.requests_dropped.load(Ordering::SeqCst) > 0);
-    assert!(losses.answers_dropped.load(Ordering::SeqCst) > 0);
+    let losses = lossy.losses();
+    assert!(losses.requests_dropped > 0, "{losses:?}");
+    assert!(losses.answers_dropped > 0, "{losses:?}");
     assert!(replays > 0, "lost answers were replayed, not run again");
 
     // What the service holds, asked directly: one task per call, the ones the calls got.
