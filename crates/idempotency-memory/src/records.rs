@@ -401,6 +401,8 @@ impl Records {
     }
 }
 
+#[cfg(test)]
+mod accounting_tests;
 #[cfg(all(test, idempotency_loom))]
 mod loom_tests;
 #[cfg(test)]

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod core_terms;
+mod delivery;
 mod model;
 pub mod properties;
 mod state;

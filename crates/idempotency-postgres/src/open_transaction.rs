@@ -8,23 +8,20 @@ use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, Pen
 use crate::error::BACKEND;
 use crate::flavour::defaults_to_tokio_postgres;
 use crate::primitives::StoreCore;
-use crate::store::PostgresStore;
 use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, DiscardOutcome, LookupSignal, OneTransactionBegin,
-    StoreTransaction, TransactionalStore,
+    CommitOutcome, CorruptRecord, DiscardOutcome, LookupSignal, StoreTransaction,
 };
-use idempotency_core::{
-    Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
-};
+use idempotency_core::{IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse};
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod one_transaction;
+mod transactional_store;
 
-use one_transaction::{AtCommit, Begun};
+use one_transaction::AtCommit;
 
 /// A transaction the store opened for one request.
 pub(crate) struct OpenTransaction<D: Driver> {
@@ -389,82 +386,5 @@ impl<D: Driver> StoreTransaction for PostgresTransaction<D> {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
-    }
-}
-
-#[async_trait::async_trait]
-impl<D: Driver> TransactionalStore for PostgresStore<D> {
-    async fn begin_transaction(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        hold: Duration,
-    ) -> Result<Option<Box<dyn StoreTransaction>>, StoreError> {
-        let open = self
-            .inner
-            .begin_transaction(scope, key, token, hold)
-            .await?;
-        Ok(open.map(|tx| Box::new(PostgresTransaction(tx)) as Box<dyn StoreTransaction>))
-    }
-
-    fn supports_one_transaction(&self) -> bool {
-        self.inner.transactions
-    }
-
-    async fn held_by_transaction(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<bool, StoreError> {
-        if !self.inner.transactions {
-            return Ok(false);
-        }
-        let statements = &self.inner.table.statements;
-        let id = statements.lock_id(scope.as_str(), key.as_str());
-        let rows = self
-            .inner
-            .driver
-            .query(&statements.held_by_transaction, &[Param::Int8(id)])
-            .await?;
-        match rows.first() {
-            Some(row) => row.bool(0),
-            None => Err(StoreError::corrupt(
-                BACKEND,
-                CorruptRecord::Field("the look at the key's lock returned no row"),
-            )),
-        }
-    }
-
-    fn supports_speculative(&self) -> bool {
-        self.inner.transactions && self.inner.driver.queues_statements()
-    }
-
-    async fn begin_one_transaction(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        hold: Duration,
-    ) -> Result<OneTransactionBegin, StoreError> {
-        self.inner
-            .begin_one_transaction(scope, key, fingerprint, token, hold)
-            .await
-            .map(Begun::into_one_transaction_begin)
-    }
-
-    async fn begin_one_transaction_speculative(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        hold: Duration,
-    ) -> Result<OneTransactionBegin, StoreError> {
-        self.inner
-            .begin_one_transaction_speculative(scope, key, fingerprint, token, hold)
-            .await
-            .map(Begun::into_one_transaction_begin)
     }
 }
