@@ -237,9 +237,29 @@ impl TempRedisCluster {
         Self::start_nodes(3, 0)
     }
 
-    /// Three masters with one replica each (six servers).
+    /// Three masters with one replica each (six servers), returned once every replica is in
+    /// sync with its master.
     pub fn start_with_replicas() -> io::Result<Self> {
-        Self::start_nodes(6, 1)
+        let cluster = Self::start_nodes(6, 1)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut in_sync = 0;
+            for node in &cluster.nodes {
+                let info = node.cli(&["info", "replication"])?;
+                if info.contains("role:slave") && info.contains("master_link_status:up") {
+                    in_sync += 1;
+                }
+            }
+            if in_sync == 3 {
+                return Ok(cluster);
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "{in_sync} of 3 replicas in sync after 30 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn start_nodes(count: usize, replicas: usize) -> io::Result<Self> {
@@ -395,6 +415,66 @@ impl TempRedisCluster {
         self.nodes
             .get(index)
             .ok_or_else(|| io::Error::other(format!("no node {index}")))
+    }
+
+    /// Fails one master over to its replica, as an operator or the cluster itself would, and
+    /// returns the ports (old master, new master). `crash`: the master is killed (SIGKILL),
+    /// its replica takes its slots at once (`CLUSTER FAILOVER TAKEOVER`), and the old master is
+    /// started again, empty (the nodes keep no data on disk), and rejoins as the new master's
+    /// replica. Otherwise a coordinated failover (`CLUSTER FAILOVER` on the replica: the master
+    /// stops taking writes until the replica has them all, then they swap). Returns once the
+    /// cluster is whole again: every node sees `cluster_state:ok` and the new master's replica
+    /// is in sync, so the next failover has a replica to go to.
+    pub fn fail_over(&mut self, crash: bool) -> io::Result<(u16, u16)> {
+        let (master, replica) = self.master_with_replica()?;
+        if crash {
+            self.nodes[master].kill()?;
+            self.nodes[replica].cli(&["cluster", "failover", "takeover"])?;
+        } else {
+            self.nodes[replica].cli(&["cluster", "failover"])?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.nodes[replica].cli(&["role"])?.starts_with("master") {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("the replica was never promoted"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if crash {
+            self.nodes[master].start_server()?;
+        }
+        // The old master follows the new one, and has its data.
+        while !self.nodes[master]
+            .cli(&["info", "replication"])?
+            .contains("master_link_status:up")
+        {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(
+                    "the old master never became the new one's replica",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_until(|info| info.contains("cluster_state:ok"))?;
+        Ok((self.nodes[master].port(), self.nodes[replica].port()))
+    }
+
+    /// The index of a master whose replica is connected and in sync, and of that replica.
+    fn master_with_replica(&self) -> io::Result<(usize, usize)> {
+        for (replica, node) in self.nodes.iter().enumerate() {
+            let info = node.cli(&["info", "replication"])?;
+            if !info.contains("role:slave") || !info.contains("master_link_status:up") {
+                continue;
+            }
+            let port = info
+                .lines()
+                .find_map(|line| line.strip_prefix("master_port:"))
+                .and_then(|port| port.trim().parse::<u16>().ok());
+            if let Some(master) = self.nodes.iter().position(|n| Some(n.port()) == port) {
+                return Ok((master, replica));
+            }
+        }
+        Err(io::Error::other("no master has a replica in sync"))
     }
 
     /// `CLUSTER NODES` as one node sees it.
