@@ -12,10 +12,11 @@
 //! start is written only when it changes. When the engine is dropped (every request of it has
 //! left by then) both gauges are set to 0.
 
+use crate::sync::{Mutex, MutexGuard};
 use metrics::Gauge;
 use std::collections::BTreeMap;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Gauge, by `engine`: the keys the engine's requests hold now.
@@ -64,6 +65,10 @@ pub(crate) struct InFlightGauges {
     registry: Mutex<Registry>,
     count: Gauge,
     oldest: Gauge,
+    /// Under the schedule checker, the oldest start last written, as the gauge would hold it
+    /// (the gauge itself is invisible to the checker).
+    #[cfg(idempotency_loom)]
+    oldest_written: crate::sync::AtomicU64,
 }
 
 impl InFlightGauges {
@@ -77,6 +82,8 @@ impl InFlightGauges {
             count: metrics::gauge!(KEYS_IN_FLIGHT_METRIC, ENGINE_LABEL => engine.clone()),
             oldest: metrics::gauge!(OLDEST_KEY_IN_FLIGHT_METRIC, ENGINE_LABEL => engine.clone()),
             engine,
+            #[cfg(idempotency_loom)]
+            oldest_written: crate::sync::AtomicU64::new(0),
         };
         gauges.count.set(0.0);
         gauges.oldest.set(0.0);
@@ -105,7 +112,7 @@ impl InFlightGauges {
         if first {
             // Under the lock: two requests' writes of the oldest start land in the order of
             // their changes to the registry.
-            self.oldest.set(now);
+            self.set_oldest(now);
         }
         drop(registry);
         self.count.increment(1.0);
@@ -120,10 +127,27 @@ impl InFlightGauges {
             return;
         }
         if was_oldest {
-            self.oldest.set(registry.oldest());
+            let oldest = registry.oldest();
+            #[cfg(idempotency_loom)]
+            if crate::sync::SEEDED_RACE.load(std::sync::atomic::Ordering::Relaxed) {
+                // The seeded race: the new oldest start written after the lock is let go, so
+                // another request's write can land before it and be overwritten.
+                drop(registry);
+                self.set_oldest(oldest);
+                self.count.decrement(1.0);
+                return;
+            }
+            self.set_oldest(oldest);
         }
         drop(registry);
         self.count.decrement(1.0);
+    }
+
+    fn set_oldest(&self, start: f64) {
+        self.oldest.set(start);
+        #[cfg(idempotency_loom)]
+        self.oldest_written
+            .store(start.to_bits(), crate::sync::Ordering::SeqCst);
     }
 }
 
@@ -136,7 +160,10 @@ impl Drop for InFlightGauges {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, idempotency_loom))]
+mod loom_tests;
+
+#[cfg(all(test, not(idempotency_loom)))]
 mod tests {
     use super::*;
     use crate::test_store::metrics_by_series;
