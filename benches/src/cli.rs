@@ -76,6 +76,9 @@ pub(crate) struct WakeArgs {
     /// The longest time the original holds its key, in milliseconds.
     #[arg(long, default_value_t = 80)]
     pub(crate) hold_max_ms: u64,
+    /// The claim mode of both engines: `lease`, or `one-transaction` (PostgreSQL only).
+    #[arg(long, default_value = "lease", value_parser = ["lease", "one-transaction"])]
+    pub(crate) claim_mode: String,
 }
 
 /// Settings of the contention bench.

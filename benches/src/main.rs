@@ -355,7 +355,11 @@ async fn wake(args: WakeArgs) -> std::process::ExitCode {
     for url in &args.stores {
         let other_instance = !url.starts_with("memory");
         let hold = args.hold_min_ms..=args.hold_max_ms.max(args.hold_min_ms);
-        match idempotency_bench::wake::measure(url, args.trials, other_instance, hold).await {
+        let mode = match args.claim_mode.as_str() {
+            "one-transaction" => idempotency::ClaimMode::OneTransaction,
+            _ => idempotency::ClaimMode::Lease,
+        };
+        match idempotency_bench::wake::measure(url, args.trials, other_instance, hold, mode).await {
             Ok(measured) => rows.extend(measured),
             Err(e) => {
                 eprintln!("wake: {}: {e}", idempotency::redact_credentials(url));

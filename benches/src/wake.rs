@@ -2,12 +2,14 @@
 //! while, a duplicate with an `in_flight_wait` waits for it, and the time from the original's
 //! `complete` returning (its answer stored) to the duplicate's `begin` returning its replay is
 //! measured. On the same engine (one instance) a settled key wakes its waiters; on another
-//! engine over the same store (another instance, its own pool) the duplicate learns of it at
-//! its next poll (10 ms, doubling to 250 ms).
+//! engine over the same store (another instance, its own pool) the duplicate learns of it from
+//! the store's notice of the settle (PostgreSQL `LISTEN`/`NOTIFY`, Redis pub/sub; the lease
+//! mode), or at its next poll (10 ms, doubling to 250 ms: the one-transaction modes, whose
+//! running key has no record to mark).
 
 use idempotency::{
-    Begin, BodyCanonicalization, Completion, Engine, EngineConfig, Fingerprint, IdempotencyKey,
-    IdempotencyStore, Scope, StoredResponse,
+    Begin, BodyCanonicalization, ClaimMode, Completion, Engine, EngineConfig, Fingerprint,
+    IdempotencyKey, IdempotencyStore, Scope, StoredResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,27 +47,35 @@ impl Row {
     }
 }
 
-fn config() -> EngineConfig {
-    EngineConfig::default().in_flight_wait(Duration::from_secs(5))
+fn config(mode: ClaimMode) -> EngineConfig {
+    EngineConfig::default()
+        .claim_mode(mode)
+        .in_flight_wait(Duration::from_secs(5))
 }
 
 /// Measures `trials` duplicates on the store at `url`, on the same engine and (when
 /// `other_instance`) on another; the original holds its key for a time spread evenly over
-/// `hold` (milliseconds), so the duplicate's polls land anywhere in their backoff.
+/// `hold` (milliseconds), so the duplicate's polls land anywhere in their backoff. Both engines
+/// run in `mode` (a one-transaction mode needs a store that holds a key in a transaction).
 pub async fn measure(
     url: &str,
     trials: usize,
     other_instance: bool,
     hold: std::ops::RangeInclusive<u64>,
+    mode: ClaimMode,
 ) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let store: Arc<dyn IdempotencyStore> = idempotency::connect(url).await?;
-    let original = Engine::new(store, config())?;
+    let original = Engine::new(store, config(mode))?;
     let mut instances = vec![(Instance::Same, original.clone())];
     if other_instance {
         let store: Arc<dyn IdempotencyStore> = idempotency::connect(url).await?;
-        instances.push((Instance::Other, Engine::new(store, config())?));
+        instances.push((Instance::Other, Engine::new(store, config(mode))?));
     }
-    let scheme = url.split_once("://").map_or(url, |(s, _)| s).to_owned();
+    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    let scheme = match mode {
+        ClaimMode::Lease => scheme.to_owned(),
+        mode => format!("{scheme} ({mode:?})"),
+    };
     let mut rows: Vec<Row> = instances
         .iter()
         .map(|(instance, _)| Row {
