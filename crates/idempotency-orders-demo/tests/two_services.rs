@@ -5,9 +5,20 @@
 //! caller must end with that order's `201`, replayed as it was, and no key may stay held.
 
 use idempotency::ClaimMode;
-use idempotency_orders_demo::proof::{self, ProofConfig};
+use idempotency_orders_demo::DemoError;
+use idempotency_orders_demo::proof::{self, ProofConfig, ProofReport};
 use idempotency_testkit::env::{postgres_url, server_unreachable};
 use std::time::Duration;
+
+/// Runs the proof; a database that cannot be reached fails with how to start it, any other
+/// error of the proof's own (the orders process not starting) as it is.
+async fn run(config: &ProofConfig) -> ProofReport {
+    match proof::run(config).await {
+        Ok(report) => report,
+        Err(DemoError::Database(e)) => server_unreachable("PostgreSQL", &config.database_url, &e),
+        Err(e) => panic!("the proof could not run: {e}"),
+    }
+}
 
 async fn prove(mode: ClaimMode) {
     let url = postgres_url();
@@ -17,9 +28,7 @@ async fn prove(mode: ClaimMode) {
     config.callers = 8;
     config.kills = 2;
     config.lease = Duration::from_secs(3);
-    let report = proof::run(&config)
-        .await
-        .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
+    let report = run(&config).await;
     println!("{report}");
     assert!(report.failures().is_empty(), "{report}");
     assert_eq!(report.created(), 60, "{report}");
@@ -50,9 +59,7 @@ async fn a_charge_key_that_changes_between_runs_is_caught() {
         config.callers = 4;
         config.kills = 1;
         config.charge_key = ChargeKey::FreshEachRun;
-        let report = proof::run(&config)
-            .await
-            .unwrap_or_else(|e| server_unreachable("PostgreSQL", &url, &e));
+        let report = run(&config).await;
         println!("{report}");
         let (orders, charges) = report.rows();
         assert_eq!(orders, 20, "{report}");
