@@ -217,6 +217,34 @@ async fn postgres_restarted_on_a_schedule_in_the_lease_mode() {
     postgres_under_chaos(ClaimMode::Lease).await;
 }
 
+/// The counting app on a Redis store, with `store_timeout` and a lease of three of them: as
+/// in the PostgreSQL runs, a key whose request lost its claim's settle in an outage is held
+/// for one short lease, then taken over.
+fn redis_counting_app(
+    store: &idempotency::redis::RedisStore,
+    runs: &Runs,
+    store_timeout: Duration,
+) -> Router {
+    counting_app_with(
+        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
+        runs,
+        |b| b.store_timeout(store_timeout).lease(store_timeout * 3),
+    )
+}
+
+/// An order of the counting app, sent as the client's user (one per client name, made once).
+fn orders_as_users() -> impl Fn(&str, &str) -> Request<Body> + Clone + Send + Sync + 'static {
+    let users: Arc<Mutex<HashMap<String, User>>> = Arc::default();
+    move |user, key| {
+        let user = *users
+            .lock()
+            .unwrap()
+            .entry(user.to_owned())
+            .or_insert_with(idempotency_e2e::user);
+        request("/orders", key, user, "{}")
+    }
+}
+
 /// The counting app on a throwaway Redis whose append-only file is synced on every write,
 /// killed (SIGKILL) and started again on the schedule: every key's handler ran once, and each
 /// key replays what its client saw.
@@ -230,34 +258,13 @@ async fn redis_killed_on_a_schedule() {
         .await
         .unwrap();
     let runs = Runs::default();
-    let app = counting_app_with(
-        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
-        &runs,
-        // As the PostgreSQL runs: a key whose request lost its claim's settle in an outage
-        // is held for one lease, then taken over.
-        |b| {
-            b.store_timeout(Duration::from_secs(2))
-                .lease(Duration::from_secs(6))
-        },
-    );
-    let users: Arc<Mutex<HashMap<String, User>>> = Arc::default();
+    let app = redis_counting_app(&store, &runs, Duration::from_secs(2));
     let server = Arc::new(Mutex::new(server));
-    let (seen, changed, outages) = under_chaos(
-        &app,
-        move |user, key| {
-            let user = *users
-                .lock()
-                .unwrap()
-                .entry(user.to_owned())
-                .or_insert_with(idempotency_e2e::user);
-            request("/orders", key, user, "{}")
-        },
-        move |_| {
-            server.lock().unwrap().kill().unwrap();
-            std::thread::sleep(between(500, 2_000));
-            server.lock().unwrap().start_server().unwrap();
-        },
-    )
+    let (seen, changed, outages) = under_chaos(&app, orders_as_users(), move |_| {
+        server.lock().unwrap().kill().unwrap();
+        std::thread::sleep(between(500, 2_000));
+        server.lock().unwrap().start_server().unwrap();
+    })
     .await;
     let ran = runs.orders.load(Ordering::SeqCst);
     eprintln!(
@@ -306,35 +313,16 @@ async fn redis_cluster_failed_over_on_a_schedule() {
         .await
         .unwrap();
     let runs = Runs::default();
-    let app = counting_app_with(
-        Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
-        &runs,
-        |b| {
-            b.store_timeout(Duration::from_secs(3))
-                .lease(Duration::from_secs(9))
-        },
-    );
-    let users: Arc<Mutex<HashMap<String, User>>> = Arc::default();
+    let app = redis_counting_app(&store, &runs, Duration::from_secs(3));
     let cluster = Arc::new(Mutex::new(cluster));
     let failovers: Arc<Mutex<Vec<(bool, u16, u16)>>> = Arc::default();
-    let (seen, changed, outages) = under_chaos(
-        &app,
-        move |user, key| {
-            let user = *users
-                .lock()
-                .unwrap()
-                .entry(user.to_owned())
-                .or_insert_with(idempotency_e2e::user);
-            request("/orders", key, user, "{}")
-        },
-        {
-            let failovers = failovers.clone();
-            move |crash| {
-                let (from, to) = cluster.lock().unwrap().fail_over(crash).unwrap();
-                failovers.lock().unwrap().push((crash, from, to));
-            }
-        },
-    )
+    let (seen, changed, outages) = under_chaos(&app, orders_as_users(), {
+        let failovers = failovers.clone();
+        move |crash| {
+            let (from, to) = cluster.lock().unwrap().fail_over(crash).unwrap();
+            failovers.lock().unwrap().push((crash, from, to));
+        }
+    })
     .await;
     let ran = runs.orders.load(Ordering::SeqCst);
     let failovers = failovers.lock().unwrap().clone();

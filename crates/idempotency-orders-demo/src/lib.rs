@@ -33,6 +33,7 @@ pub mod proof;
 pub mod proxy;
 
 use idempotency::postgres::tokio_postgres::{self, NoTls};
+use idempotency::{IdempotencyLayer, PostgresStore, Scope, ScopeSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -127,6 +128,28 @@ pub async fn prepare_schema(database_url: &str, schema: &str) -> Result<(), Demo
         ))
         .await?;
     Ok(())
+}
+
+/// A service's idempotency layer: its key table `table` in `schema` (migrated), handlers
+/// offered the request's transaction, each request scoped by the value of its header
+/// `scope_header` (a request without it is refused with `401`).
+pub(crate) async fn service_layer(
+    database_url: &str,
+    schema: &str,
+    table: &str,
+    scope_header: &'static str,
+) -> Result<idempotency::IdempotencyLayerBuilder<PostgresStore, ScopeSet>, DemoError> {
+    let store = PostgresStore::builder(database_url)
+        .schema(schema)
+        .table(table)
+        .transactions(true)
+        .build()
+        .await?;
+    store.migrate().await?;
+    Ok(IdempotencyLayer::builder(store).scope_with(move |parts| {
+        let value = parts.headers.get(scope_header)?.to_str().ok()?;
+        Scope::new(value).ok()
+    }))
 }
 
 /// A plain connection to `database_url` (no TLS: the demo runs on loopback), its driver task

@@ -3,7 +3,7 @@
 //! layer. It can park itself at a point of a request ([`ParkAt`]) for the proof to SIGKILL it
 //! there.
 
-use crate::{CALLER_HEADER, Charge, DemoError, Order, OrderRequest, quoted_schema};
+use crate::{CALLER_HEADER, Charge, DemoError, Order, OrderRequest, quoted_schema, service_layer};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -11,10 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
-use idempotency::{
-    Claim, ClaimMode, IDEMPOTENT_REPLAYED, IdempotencyLayer, PostgresStore, PostgresTransaction,
-    Scope, Tx,
-};
+use idempotency::{Claim, ClaimMode, IDEMPOTENT_REPLAYED, PostgresTransaction, Tx};
 use idempotency_client::IdempotentRetry;
 use reqwest_middleware::ClientWithMiddleware;
 use std::io::Write as _;
@@ -88,18 +85,8 @@ pub async fn router(config: &OrdersConfig) -> Result<Router, DemoError> {
         "INSERT INTO {}.orders (id, reference, amount, charge_id) VALUES ($1, $2, $3, $4)",
         quoted_schema(&config.schema)?
     );
-    let store = PostgresStore::builder(&config.database_url)
-        .schema(&config.schema)
-        .table(KEY_TABLE)
-        .transactions(true)
-        .build()
-        .await?;
-    store.migrate().await?;
-    let layer = IdempotencyLayer::builder(store)
-        .scope_with(|parts| {
-            let user = parts.headers.get(USER_HEADER)?.to_str().ok()?;
-            Scope::new(user).ok()
-        })
+    let layer = service_layer(&config.database_url, &config.schema, KEY_TABLE, USER_HEADER)
+        .await?
         .claim_mode(config.claim_mode)
         .lease(config.lease)
         .build()?;

@@ -2,14 +2,14 @@
 //! transaction, behind the idempotency layer. A charge that runs twice shows as two rows of
 //! one reference in `charges`: payments' own count.
 
-use crate::{CALLER_HEADER, Charge, DemoError, OrderRequest, quoted_schema};
+use crate::{CALLER_HEADER, Charge, DemoError, OrderRequest, quoted_schema, service_layer};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
-use idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction, Scope, Tx};
+use idempotency::{PostgresTransaction, Tx};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -24,18 +24,8 @@ pub async fn router(database_url: &str, schema: &str) -> Result<Router, DemoErro
         "INSERT INTO {}.charges (id, reference, amount) VALUES ($1, $2, $3)",
         quoted_schema(schema)?
     );
-    let store = PostgresStore::builder(database_url)
-        .schema(schema)
-        .table(KEY_TABLE)
-        .transactions(true)
-        .build()
-        .await?;
-    store.migrate().await?;
-    let layer = IdempotencyLayer::builder(store)
-        .scope_with(|parts| {
-            let caller = parts.headers.get(CALLER_HEADER)?.to_str().ok()?;
-            Scope::new(caller).ok()
-        })
+    let layer = service_layer(database_url, schema, KEY_TABLE, CALLER_HEADER)
+        .await?
         .lease(Duration::from_secs(10))
         .build()?;
     Ok(Router::new()
