@@ -362,7 +362,11 @@ async fn wake(args: WakeArgs) -> std::process::ExitCode {
         match idempotency_bench::wake::measure(url, args.trials, other_instance, hold, mode).await {
             Ok(measured) => rows.extend(measured),
             Err(e) => {
-                eprintln!("wake: {}: {e}", idempotency::redact_credentials(url));
+                eprintln!(
+                    "wake: {}: {}",
+                    idempotency::redact_credentials(url),
+                    idempotency::ErrorChain(&*e)
+                );
                 return std::process::ExitCode::FAILURE;
             }
         }

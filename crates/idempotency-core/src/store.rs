@@ -24,7 +24,10 @@ mod purge;
 mod settled_keys;
 
 pub use purge::purge_periodically;
-pub use settled_keys::{OnSettled, SettleListener, SettledKeys, parse_wake_id, wake_id};
+pub use settled_keys::{
+    MOST_WATCHES_KEPT, OnSettled, SettleListener, SettledKeys, WATCH_KEPT_FOR, WATCH_PREFIX,
+    parse_wake_id, wake_id,
+};
 
 use std::sync::Arc;
 use std::time::Duration;

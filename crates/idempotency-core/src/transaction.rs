@@ -63,6 +63,34 @@ pub trait TransactionalStore: Send + Sync {
         Ok(false)
     }
 
+    /// A duplicate of a one-transaction request that holds `(scope, key)` waits on this process
+    /// ([`EngineConfig::in_flight_wait`](crate::EngineConfig#structfield.in_flight_wait)):
+    /// the store makes sure it hears of settles
+    /// ([`IdempotencyStore::settled_keys`](crate::IdempotencyStore::settled_keys)), then sends
+    /// the key's watch to every process listening
+    /// ([`WATCH_PREFIX`](crate::store::WATCH_PREFIX)), so that the process whose request holds
+    /// the key sends its [`wake_id`](crate::store::wake_id) with that request's commit. Such a
+    /// request has no record to mark before it commits, which is what
+    /// [`IdempotencyStore::watch_settle`](crate::IdempotencyStore::watch_settle) does in the
+    /// lease mode. One round trip (the first time, also opening the listening session); an
+    /// error costs only the wake: the duplicate polls. `Ok(())` by default.
+    async fn watch_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        let _ = (scope, key);
+        Ok(())
+    }
+
+    /// This process's one-transaction requests may have duplicates waiting on other processes
+    /// ([`TransactionalStore::watch_transaction`]): a store that hears of settles listens, so
+    /// that it hears their watches. Called by the engine at each such request's begin when it
+    /// lets duplicates wait; it must return at once (opening a session in a task of its own,
+    /// [`SettleListener::open_in_background`](crate::store::SettleListener::open_in_background)).
+    /// Nothing by default.
+    fn listen_for_watches(&self) {}
+
     /// Whether [`TransactionalStore::begin_one_transaction_speculative`] queues the lookup with
     /// the handler's first statement (the PostgreSQL store on tokio-postgres), rather than
     /// falling back to [`TransactionalStore::begin_one_transaction`]: without it,

@@ -9,6 +9,7 @@ use idempotency_core::store::{ClaimOutcome, FenceOutcome, Footprint, Record, Set
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
 };
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What every clone of a store shares, whatever its driver.
@@ -137,17 +138,11 @@ impl<D: Driver> StoreCore<D> {
         .await
     }
 
-    /// See [`IdempotencyStore::watch_settle`](idempotency_core::IdempotencyStore::watch_settle):
-    /// listening first, so that a settle after the mark is heard.
-    pub(crate) async fn watch_settle(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<(), StoreError> {
-        let statements = &self.table.statements;
-        let channel = &statements.channel;
-        let listening = self
-            .listener
+    /// Makes sure the store's listening session is open (see
+    /// [`SettleListener::ensure`]): `Ok(false)` when the store cannot open one.
+    async fn listen(&self) -> Result<bool, StoreError> {
+        let channel = &self.table.statements.channel;
+        self.listener
             .ensure(|notices, stop| async move {
                 let opened = self.driver.listen(channel, notices, stop).await?;
                 if !opened {
@@ -159,13 +154,59 @@ impl<D: Driver> StoreCore<D> {
                 }
                 Ok(opened)
             })
-            .await?;
-        if !listening {
+            .await
+    }
+
+    /// See [`IdempotencyStore::watch_settle`](idempotency_core::IdempotencyStore::watch_settle):
+    /// listening first, so that a settle after the mark is heard.
+    pub(crate) async fn watch_settle(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        if !self.listen().await? {
             return Ok(());
         }
         let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
-        self.driver.execute(&statements.watch, &params).await?;
+        self.driver
+            .execute(&self.table.statements.watch, &params)
+            .await?;
         Ok(())
+    }
+
+    /// See [`TransactionalStore::watch_transaction`](idempotency_core::store::TransactionalStore::watch_transaction):
+    /// listening first, so that the commit the watch asks for is heard.
+    pub(crate) async fn watch_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        if !self.transactions || !self.listen().await? {
+            return Ok(());
+        }
+        let params = [Param::Text(scope.as_str()), Param::Text(key.as_str())];
+        self.driver
+            .execute(&self.table.statements.watch_transaction, &params)
+            .await?;
+        Ok(())
+    }
+
+    /// See [`TransactionalStore::listen_for_watches`](idempotency_core::store::TransactionalStore::listen_for_watches):
+    /// the listening session opened in a task of its own, at most one try a second.
+    pub(crate) fn listen_for_watches(self: &Arc<Self>) {
+        if !self.transactions || !self.listener.open_in_background() {
+            return;
+        }
+        let core = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = core.listen().await {
+                tracing::debug!(
+                    error = %idempotency_core::ErrorChain(&error),
+                    "could not open the listening session that hears waiting duplicates; \
+                     they poll"
+                );
+            }
+        });
     }
 
     /// See [`IdempotencyStore::get`](idempotency_core::IdempotencyStore::get).

@@ -5,6 +5,7 @@ mod one_transaction;
 
 pub use names::TableMode;
 pub(crate) use names::{TableName, fill_placeholders, sentinel_sql};
+pub(crate) use one_transaction::Notifying;
 
 /// One statement of the store: its text, and the types of its parameters (which let it be sent
 /// unnamed, for connection poolers in transaction mode).
@@ -101,6 +102,10 @@ pub(crate) struct Statements {
     /// One-transaction mode, when the lookup saw an expired record of the key: the same, taking
     /// that record over.
     pub(crate) one_transaction_takeover: Sql,
+    /// The two above, also sending the key's wake id at the commit (a watched key).
+    pub(crate) one_transaction_notifying: Notifying,
+    /// One-transaction modes: a duplicate's watch of a key held by a request's transaction.
+    pub(crate) watch_transaction: Sql,
     /// One-transaction modes, on another connection while the request's transaction still
     /// holds the key: inserts an answer whose writes were discarded as the key's completed
     /// record (taking over an expired row); a row only when it did.
@@ -254,11 +259,11 @@ impl Statements {
             TableMode::LoggedAsyncCommit => ", set_config('synchronous_commit', 'on', true)",
             TableMode::Logged | TableMode::Unlogged => "",
         };
-        let one_transaction = one_transaction::statements(&t, synchronous);
+        let channel = settle_channel(name);
+        let one_transaction = one_transaction::statements(&t, synchronous, &channel, WAKE_ID);
         // Sends the key's wake id on the table's channel for a waited-for row, and nothing
         // (NULL) otherwise: `NOTIFY` takes a database-wide lock at commit, which a key nobody
         // waits for must not pay. `CASE` evaluates the call only for such a row.
-        let channel = settle_channel(name);
         let notify = format!("CASE WHEN waited THEN pg_notify('{channel}', {WAKE_ID})::text END");
         Statements {
             channel: channel.clone(),
@@ -432,6 +437,8 @@ impl Statements {
             speculative_lookup: one_transaction.speculative_lookup,
             one_transaction_insert: one_transaction.insert,
             one_transaction_takeover: one_transaction.takeover,
+            one_transaction_notifying: one_transaction.notifying,
+            watch_transaction: one_transaction.watch,
             discarded_insert: one_transaction.discarded_insert,
         }
     }

@@ -843,6 +843,7 @@ mod postgres {
                 writes_after_the_handler_s_own_rollback_stand,
                 a_running_key_reads_in_flight_in_every_mode,
                 a_table_without_migration_0004_refuses_lease_claims_before_the_work_runs,
+                a_watched_one_transaction_commit_wakes_the_duplicate_on_another_instance,
             );
         };
         (@ $store:ty; $($case:ident),* $(,)?) => {$(
@@ -851,6 +852,97 @@ mod postgres {
                 super::$case::<$store>().await;
             }
         )*};
+    }
+
+    /// Waking across instances in the one-transaction mode: the running request has no record
+    /// to mark before its commit, so a duplicate waiting on instance B sends the key's watch;
+    /// instance A keeps it, and the commit of A's request sends the key's id, which B hears.
+    /// A commit of a key nobody watches sends nothing (the first id B hears is the watched
+    /// key's, committed after it). The duplicate replays; the work ran once. Failed before the
+    /// watch existed: B heard nothing within 10 s.
+    async fn a_watched_one_transaction_commit_wakes_the_duplicate_on_another_instance<S: Driver>() {
+        use idempotency_core::store::{OnSettled, wake_id};
+        use std::sync::Arc;
+        let f = Fixture::<S>::new(TableMode::Logged).await;
+        let b = S::build(&postgres_url(), &f.schema, TableMode::Logged, true).await;
+        let (tell, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let _subscriber: Arc<OnSettled> = Arc::new(move |id| {
+            let _ = tell.send(id);
+        });
+        b.settled_keys()
+            .expect("the PostgreSQL store hears of settles")
+            .subscribe(&_subscriber);
+        let config = EngineConfig::default()
+            .claim_mode(ClaimMode::OneTransaction)
+            .in_flight_wait(Duration::from_secs(20));
+        let on_a = f.engine(config.clone());
+        let on_b = Engine::new(b.clone(), config).expect("engine B");
+        let s = scope();
+        // A listens before the watch is sent (its engine opens the session in the background
+        // at its first request; asked here, it is open when this returns).
+        f.store
+            .transactional()
+            .expect("transactions on")
+            .watch_transaction(&s, &key())
+            .await
+            .expect("A listens");
+        let watches = f.store.settled_keys().expect("A hears of settles");
+        // A fresh key (the plain insert at commit), then a key with an expired record (the
+        // takeover at commit).
+        for takeover in [false, true] {
+            let (k, unwatched) = (key(), key());
+            if takeover {
+                f.sql(&format!(
+                    "INSERT INTO \"{{schema}}\".idempotency_keys \
+                       (user_id, key, request_hash, status_code, response, created_at, expires_at) \
+                     VALUES ('{}', '{}', '\\x00', 201, '\\x00', now() - interval '2 hours', \
+                       now() - interval '1 hour')",
+                    s.as_str(),
+                    k.as_str()
+                ))
+                .await;
+            }
+            let first = proceed(&on_a, &s, &unwatched).await;
+            let running = proceed(&on_a, &s, &k).await;
+            let duplicate = tokio::spawn({
+                let (s, k, on_b) = (s.clone(), k.clone(), on_b.clone());
+                async move { on_b.begin(s, k, fp()).await }
+            });
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while !watches.is_waited_for(wake_id(&s, &k)) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "A never heard the duplicate's watch"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(!watches.is_waited_for(wake_id(&s, &unwatched)));
+            for guard in [first, running] {
+                write_side_effect(&guard, &f.schema).await;
+                assert_eq!(guard.complete(response(201)).await, Completion::Stored);
+            }
+            let id = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+                .await
+                .expect("B hears the watched key's commit within 10 s")
+                .expect("subscribed");
+            assert_eq!(
+                id,
+                wake_id(&s, &k),
+                "takeover {takeover}: the watched key's commit, and nothing before it"
+            );
+            assert!(
+                !watches.is_waited_for(wake_id(&s, &k)),
+                "the commit took the watch"
+            );
+            match duplicate.await.expect("the duplicate's task") {
+                Ok(Begin::Replay(replayed)) => {
+                    assert_eq!(replayed.response().status(), StatusCode::CREATED)
+                }
+                other => panic!("the waiting duplicate must replay, got {other:?}"),
+            }
+            assert_eq!(f.side_effects(&k).await, 1, "the work ran once");
+        }
+        f.drop().await;
     }
 
     /// A table upgraded without migration 0004 (no `waited` column, as a deployment that

@@ -3,6 +3,10 @@
 //! the running key; the request on A completes in its transaction; B hears the commit and the
 //! duplicate replays. (What a store hears of settles, watched or not, is the conformance case
 //! `watched_settles_are_heard_and_only_those`, run on every table mode and both drivers.)
+//! In the one-transaction mode the running request has no record to mark: the duplicate sends
+//! a watch, which A keeps, and A's commit sends the key's id (the case
+//! `a_watched_one_transaction_commit_wakes_the_duplicate_on_another_instance` in
+//! `transactions.rs`, on both drivers).
 
 mod postgres {
     use bytes::Bytes;

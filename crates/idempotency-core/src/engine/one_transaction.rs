@@ -50,6 +50,10 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         // `Engine::new` refused the speculative mode with a wait, or on a store that cannot
         // queue the lookup.
         let speculative = shared.config.claim_mode == ClaimMode::OneTransactionSpeculative;
+        if !shared.config.in_flight_wait.is_zero() {
+            // Duplicates of this request may wait on other processes: hear their watches.
+            store.listen_for_watches();
+        }
         loop {
             // Armed before the store is asked (see `WaitForKey::arm`).
             let woken = wait.arm();
@@ -131,12 +135,14 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                 .min(TRANSACTION_RETRY_AFTER)
                 .min(shared.config.in_flight_retry_after);
             // The key's holder has no lease to bound the nap: its transaction ends when it ends.
-            // Nothing to watch: its record is written at its commit (`Next::Watch` asks again).
-            if let Next::InFlight(retry_after) = wait
+            match wait
                 .running(&scope, &key, retry_after, Duration::MAX, woken)
                 .await
             {
-                return Ok(Begin::InFlight { retry_after });
+                Next::InFlight(retry_after) => return Ok(Begin::InFlight { retry_after }),
+                // No record to mark before its commit: the watch goes to every process.
+                Next::Watch => shared.watch_transaction(store, &scope, &key).await,
+                Next::AskAgain => {}
             }
         }
     }

@@ -69,6 +69,31 @@ impl<S: IdempotencyStore> Shared<S> {
         }
     }
 
+    /// A duplicate of the one-transaction request that holds `(scope, key)` waits on this
+    /// process: on a store that hears of other processes' settles, it sends the key's watch
+    /// ([`TransactionalStore::watch_transaction`](crate::store::TransactionalStore::watch_transaction),
+    /// one bounded store call). A failure costs only the wake, so it is logged and the
+    /// duplicate polls.
+    pub(crate) async fn watch_transaction(
+        &self,
+        store: &dyn crate::store::TransactionalStore,
+        scope: &crate::Scope,
+        key: &crate::IdempotencyKey,
+    ) {
+        if self.store.settled_keys().is_none() {
+            return;
+        }
+        if let Err(error) = self
+            .call(StoreOp::Watch, store.watch_transaction(scope, key))
+            .await
+        {
+            tracing::debug!(
+                error = %crate::ErrorChain(&error),
+                "could not send a running key's watch; its waiting duplicate polls"
+            );
+        }
+    }
+
     /// Stores `response` for `claim` (one bounded store call).
     pub(crate) async fn complete(
         &self,

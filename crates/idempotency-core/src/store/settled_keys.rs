@@ -12,14 +12,35 @@
 //! key nobody waits for sends nothing. A notice only makes an answer come sooner: the woken
 //! duplicate asks the store again, and one that never comes (a listening connection lost) is
 //! made up for by the duplicate's polling.
+//!
+//! A request of the one-transaction modes has no record to mark until it commits: its
+//! duplicate sends the key's id as a *watch* instead ([`WATCH_PREFIX`] and the id, on the same
+//! channel), which every listening process keeps for a while ([`SettledKeys::waited_for`]); the
+//! process whose request holds the key then sends the key's id with that request's commit
+//! ([`SettledKeys::take_waited_for`]). A watch heard after that commit was sent is simply kept
+//! until it ages out, and its duplicate polls.
 
 use crate::{IdempotencyKey, Scope, StoreError};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
+
+/// What a watch's payload starts with, before the key's [`wake_id`] in 16 hex digits: `w`,
+/// which no wake id in hex starts with, so a process that predates watches ignores them.
+pub const WATCH_PREFIX: char = 'w';
+
+/// How long a heard watch is kept for the request that holds its key: past it, the duplicate
+/// that sent it has stopped waiting or polled its answer.
+pub const WATCH_KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// The most watches a process keeps at once; past it, a new watch is not kept (its duplicate
+/// polls), so a flood of them cannot grow the process.
+pub const MOST_WATCHES_KEPT: usize = 16_384;
 
 /// The id by which processes tell each other that `(scope, key)` settled: the first 8 bytes,
 /// big-endian, of the SHA-256 of the scope's length in bytes (decimal), `:`, the scope and the
@@ -55,15 +76,24 @@ pub type OnSettled = dyn Fn(u64) + Send + Sync;
 /// The keys other processes settled, as a store hears of them, passed on to whoever listens in
 /// this process (each engine over the store, for its waiting duplicates). Subscribers are held
 /// weakly: one dropped is forgotten.
+///
+/// It also keeps the watches it hears: the keys duplicates on other processes wait for while a
+/// one-transaction request holds them (see the module's documentation).
 #[derive(Default)]
 pub struct SettledKeys {
     subscribers: Mutex<Vec<Weak<OnSettled>>>,
+    /// Watches heard, by wake id, with when.
+    watches: Mutex<HashMap<u64, Instant>>,
+    /// How many `watches` holds: read without the lock by every commit, which looks no further
+    /// while it is 0.
+    watch_count: AtomicUsize,
 }
 
 impl fmt::Debug for SettledKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SettledKeys")
             .field("subscribers", &self.lock().len())
+            .field("watches", &self.watch_count.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -96,6 +126,68 @@ impl SettledKeys {
             subscriber(id);
         }
     }
+
+    fn watches(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        // An insert or a removal, whole between statements: a poisoned map is consistent.
+        self.watches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A duplicate on some process waits for the key of `id`, held by a one-transaction
+    /// request: kept for [`WATCH_KEPT_FOR`], so that the request of this process that holds the
+    /// key sends `id` with its commit. Past [`MOST_WATCHES_KEPT`] (after the aged ones are
+    /// dropped), not kept.
+    pub fn waited_for(&self, id: u64) {
+        let now = Instant::now();
+        let mut watches = self.watches();
+        if watches.len() >= MOST_WATCHES_KEPT {
+            watches.retain(|_, heard| now.duration_since(*heard) < WATCH_KEPT_FOR);
+        }
+        if watches.len() < MOST_WATCHES_KEPT {
+            watches.insert(id, now);
+        }
+        self.watch_count.store(watches.len(), Ordering::Release);
+    }
+
+    /// Whether a watch of `id` is kept now (what a test or a probe may ask; it takes nothing).
+    pub fn is_waited_for(&self, id: u64) -> bool {
+        self.watch_count.load(Ordering::Acquire) > 0
+            && self
+                .watches()
+                .get(&id)
+                .is_some_and(|heard| heard.elapsed() < WATCH_KEPT_FOR)
+    }
+
+    /// A one-transaction request of this process is about to commit `(scope, key)`: whether a
+    /// duplicate waits for it elsewhere, so that the commit sends the key's [`wake_id`]. The
+    /// watch is taken (one commit answers it). One atomic load while no watch is kept, which
+    /// is what a request whose key nobody waits for pays.
+    pub fn take_waited_for(&self, scope: &Scope, key: &IdempotencyKey) -> bool {
+        if self.watch_count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let id = wake_id(scope, key);
+        let mut watches = self.watches();
+        let taken = watches.remove(&id);
+        self.watch_count.store(watches.len(), Ordering::Release);
+        taken.is_some_and(|heard| heard.elapsed() < WATCH_KEPT_FOR)
+    }
+
+    /// A notice's payload, as a listening session heard it: a settle (the key's id), a watch
+    /// ([`WATCH_PREFIX`] and the id), or something else on the channel (ignored).
+    fn heard(&self, payload: &str) {
+        match payload.strip_prefix(WATCH_PREFIX) {
+            Some(id) => {
+                if let Some(id) = parse_wake_id(id) {
+                    self.waited_for(id);
+                }
+            }
+            None => {
+                if let Some(id) = parse_wake_id(payload) {
+                    self.settled(id);
+                }
+            }
+        }
+    }
 }
 
 /// A store's listening session for settle notices, as every store keeps it: opened at the first
@@ -111,6 +203,10 @@ pub struct SettleListener {
     /// The store cannot open a session: never asked again.
     unavailable: AtomicBool,
     opening: tokio::sync::Mutex<()>,
+    /// When an opening in the background may next be tried (ms since `created`): at most one a
+    /// second ([`SettleListener::open_in_background`]).
+    next_background_try: AtomicU64,
+    created: Instant,
     stop: CancellationToken,
 }
 
@@ -130,6 +226,8 @@ impl Default for SettleListener {
             listening: Arc::new(AtomicBool::new(false)),
             unavailable: AtomicBool::new(false),
             opening: tokio::sync::Mutex::new(()),
+            next_background_try: AtomicU64::new(0),
+            created: Instant::now(),
             stop: CancellationToken::new(),
         }
     }
@@ -182,9 +280,7 @@ impl SettleListener {
         let (listening, settled) = (Arc::clone(&self.listening), Arc::clone(&self.settled));
         tokio::spawn(async move {
             while let Some(payload) = heard.recv().await {
-                if let Some(id) = parse_wake_id(&payload) {
-                    settled.settled(id);
-                }
+                settled.heard(&payload);
             }
             // The session ended (the store dropped, or its connection lost): the next waiting
             // duplicate opens another; until then, duplicates poll.
@@ -192,6 +288,24 @@ impl SettleListener {
             tracing::debug!("the store's listening session for settle notices ended");
         });
         Ok(true)
+    }
+
+    /// Whether the store should open a session now, in a task of its own, without a waiting
+    /// duplicate asking: none listens, the store has not said it cannot, and no such opening
+    /// was tried in the last second (so a server that is down is not asked at every request).
+    /// A store whose requests hold keys in one-transaction mode listens this way, to hear the
+    /// watches of duplicates waiting on other processes.
+    pub fn open_in_background(&self) -> bool {
+        if self.listening.load(Ordering::Acquire) || self.unavailable.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_background_try.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_background_try
+                .compare_exchange(next, now + 1_000, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 
@@ -295,6 +409,65 @@ mod tests {
             1,
             "a store that cannot is not asked again"
         );
+    }
+
+    #[test]
+    fn a_watch_is_kept_for_the_commit_that_takes_it_and_never_mistaken_for_a_settle() {
+        let keys = SettledKeys::new();
+        let seen = Arc::new(AtomicU64::new(0));
+        let seen_by = Arc::clone(&seen);
+        let subscriber: Arc<OnSettled> = Arc::new(move |id| {
+            seen_by.store(id, Ordering::SeqCst);
+        });
+        keys.subscribe(&subscriber);
+        let scope = Scope::new("sc").unwrap();
+        let key = IdempotencyKey::parse(b"key", Default::default()).unwrap();
+        let other = IdempotencyKey::parse(b"other", Default::default()).unwrap();
+        assert!(!keys.take_waited_for(&scope, &key), "nothing heard yet");
+        keys.heard("w01da965aa2675244");
+        keys.heard("wnot an id");
+        assert_eq!(seen.load(Ordering::SeqCst), 0, "a watch wakes nobody");
+        assert!(keys.is_waited_for(0x01da_965a_a267_5244));
+        assert!(
+            !keys.take_waited_for(&scope, &other),
+            "another key's commit"
+        );
+        assert!(keys.take_waited_for(&scope, &key), "the holder's commit");
+        assert!(
+            !keys.take_waited_for(&scope, &key),
+            "one commit answers a watch"
+        );
+        assert_eq!(keys.watch_count.load(Ordering::SeqCst), 0);
+        keys.heard("01da965aa2675244");
+        assert_eq!(seen.load(Ordering::SeqCst), 0x01da_965a_a267_5244);
+        assert!(
+            !keys.is_waited_for(0x01da_965a_a267_5244),
+            "a settle is no watch"
+        );
+    }
+
+    #[test]
+    fn watches_past_the_bound_are_not_kept() {
+        let keys = SettledKeys::new();
+        for id in 0..MOST_WATCHES_KEPT as u64 + 10 {
+            keys.waited_for(id);
+        }
+        assert_eq!(keys.watch_count.load(Ordering::SeqCst), MOST_WATCHES_KEPT);
+        assert!(keys.is_waited_for(0), "the first ones are kept");
+        assert!(
+            !keys.is_waited_for(MOST_WATCHES_KEPT as u64),
+            "the rest are not"
+        );
+    }
+
+    #[test]
+    fn a_background_opening_is_tried_at_most_once_a_second() {
+        let listener = SettleListener::new();
+        assert!(listener.open_in_background(), "the first one");
+        assert!(!listener.open_in_background(), "not again at once");
+        listener.listening.store(true, Ordering::Release);
+        listener.next_background_try.store(0, Ordering::Relaxed);
+        assert!(!listener.open_in_background(), "not while one listens");
     }
 
     #[test]

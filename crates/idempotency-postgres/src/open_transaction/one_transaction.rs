@@ -110,10 +110,17 @@ impl<D: Driver> OpenTransaction<D> {
     ) -> Result<CommitOutcome, StoreError> {
         let tx = self.take()?;
         let statements = &self.core.table.statements;
-        let sql = if at_commit.takeover {
-            &statements.one_transaction_takeover
-        } else {
-            &statements.one_transaction_insert
+        // A duplicate on another process watches the key: the commit tells it.
+        let watched = self
+            .core
+            .listener
+            .settled_keys()
+            .take_waited_for(&self.scope, &self.key);
+        let sql = match (at_commit.takeover, watched) {
+            (true, false) => &statements.one_transaction_takeover,
+            (false, false) => &statements.one_transaction_insert,
+            (true, true) => &statements.one_transaction_notifying.takeover,
+            (false, true) => &statements.one_transaction_notifying.insert,
         };
         let encoded = response.encode();
         let hash = at_commit.fingerprint.to_bytes();

@@ -56,6 +56,18 @@ impl<D: Driver> TransactionalStore for PostgresStore<D> {
         }
     }
 
+    async fn watch_transaction(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        self.inner.watch_transaction(scope, key).await
+    }
+
+    fn listen_for_watches(&self) {
+        self.inner.listen_for_watches();
+    }
+
     fn supports_speculative(&self) -> bool {
         self.inner.transactions && self.inner.driver.queues_statements()
     }

@@ -1,7 +1,7 @@
 //! The statements of the one-transaction modes: the key's lookup behind `BEGIN`, the record
 //! written with `COMMIT`, and a discarded request's record on its own connection.
 
-use super::{BEGAN, DISCARDED_INSERT, KEY_HOLD, KEYED_INSERT, RECORD_COLUMNS, Sql, XID};
+use super::{BEGAN, DISCARDED_INSERT, KEY, KEY_HOLD, KEYED_INSERT, RECORD_COLUMNS, Sql, XID};
 
 /// What a completed record written over an expired row of its key sets (the takeover at commit
 /// and a discarded request's record): every column of the new record, no lease.
@@ -16,11 +16,27 @@ pub(super) struct OneTransactionSql {
     pub(super) speculative_lookup: Sql,
     pub(super) insert: Sql,
     pub(super) takeover: Sql,
+    pub(super) notifying: Notifying,
     pub(super) discarded_insert: Sql,
+    pub(super) watch: Sql,
 }
 
-/// Builds [`OneTransactionSql`] for the qualified table name `t`.
-pub(super) fn statements(t: &str, synchronous: &str) -> OneTransactionSql {
+/// `insert` and `takeover` of [`OneTransactionSql`] that also send the key's wake id when the
+/// transaction commits: for a request whose key a duplicate on another process watches.
+#[derive(Debug)]
+pub(crate) struct Notifying {
+    pub(crate) insert: Sql,
+    pub(crate) takeover: Sql,
+}
+
+/// Builds [`OneTransactionSql`] for the qualified table name `t`; `channel` is the table's
+/// settle channel and `wake_id` the key's wake id in SQL (from `$1` and `$2`).
+pub(super) fn statements(
+    t: &str,
+    synchronous: &str,
+    channel: &str,
+    wake_id: &str,
+) -> OneTransactionSql {
     // The key's transaction-scoped advisory lock, tried without waiting: its id (`$4`) a
     // 64-bit hash of (scope, key) seeded per table, computed by the store
     // ([`Statements::lock_id`]): hashing in the statement cost the server more than the
@@ -32,6 +48,23 @@ pub(super) fn statements(t: &str, synchronous: &str) -> OneTransactionSql {
     // the network), rolling its transaction back and freeing the key's lock. Without it such
     // a session lives until TCP gives up on it (hours) or for ever (a paused process).
     let bound = "set_config('idle_in_transaction_session_timeout', $3::int8::text, true)";
+    let insert_row = format!(
+        "INSERT INTO {t} (user_id, key, request_hash, status_code, response, \
+           created_at, expires_at) \
+         VALUES ($1, $2, $3, $5 / ({BEGAN} = $4)::int, $6, statement_timestamp(), \
+           statement_timestamp() + make_interval(secs => $7))"
+    );
+    let takeover_rows = format!(
+        "INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \
+           locked_until, status_code, response, created_at, expires_at) \
+         SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
+           statement_timestamp() + make_interval(secs => $7) \
+         WHERE {BEGAN} = $4 \
+         ON CONFLICT (user_id, key) DO UPDATE SET {OVERWRITE_WITH_RECORD} \
+         WHERE r.expires_at <= statement_timestamp() \
+         RETURNING 1"
+    );
+    let notify = format!("pg_notify('{channel}', {wake_id})::text");
     OneTransactionSql {
         // Sent right behind `BEGIN` (one round trip). The subquery runs once, whatever the
         // join finds: it tries the key's transaction-scoped advisory lock (never waiting:
@@ -84,31 +117,34 @@ pub(super) fn statements(t: &str, synchronous: &str) -> OneTransactionSql {
         // request makes the unique index refuse the row. Either error aborts the
         // transaction, so the `COMMIT` behind it rolls back the handler's writes. A
         // duplicate's uncommitted row makes it wait for that transaction, then decide.
-        insert: Sql::new(
-            format!(
-                "INSERT INTO {t} (user_id, key, request_hash, status_code, response, \
-                   created_at, expires_at) \
-                 VALUES ($1, $2, $3, $5 / ({BEGAN} = $4)::int, $6, statement_timestamp(), \
-                   statement_timestamp() + make_interval(secs => $7))"
-            ),
-            KEYED_INSERT,
-        ),
+        insert: Sql::new(insert_row.clone(), KEYED_INSERT),
         // The same when the lookup saw an expired row of the key: takes it over (only
         // while it is still expired), or fails the same ways.
         takeover: Sql::new(
-            format!(
-                "WITH done AS ( \
-                   INSERT INTO {t} AS r (user_id, key, request_hash, lease_token, \
-                     locked_until, status_code, response, created_at, expires_at) \
-                   SELECT $1, $2, $3, NULL, NULL, $5, $6, statement_timestamp(), \
-                     statement_timestamp() + make_interval(secs => $7) \
-                   WHERE {BEGAN} = $4 \
-                   ON CONFLICT (user_id, key) DO UPDATE SET {OVERWRITE_WITH_RECORD} \
-                   WHERE r.expires_at <= statement_timestamp() \
-                   RETURNING 1) \
-                 SELECT 1 / count(*)::int FROM done"
-            ),
+            format!("WITH done AS ({takeover_rows}) SELECT 1 / count(*)::int FROM done"),
             KEYED_INSERT,
+        ),
+        // The same two, sending the key's wake id as well: `NOTIFY` is sent at the commit,
+        // and not at all when the transaction rolls back. Only for a watched key: `NOTIFY`
+        // takes a database-wide lock at commit.
+        notifying: Notifying {
+            insert: Sql::new(
+                format!("WITH done AS ({insert_row} RETURNING 1) SELECT {notify} FROM done"),
+                KEYED_INSERT,
+            ),
+            takeover: Sql::new(
+                format!(
+                    "WITH done AS ({takeover_rows}) \
+                     SELECT 1 / count(*)::int, max({notify}) FROM done"
+                ),
+                KEYED_INSERT,
+            ),
+        },
+        // A duplicate's watch (`$1` scope, `$2` key), on its own connection (autocommit):
+        // heard by every process listening, kept by the one whose request holds the key.
+        watch: Sql::new(
+            format!("SELECT pg_notify('{channel}', 'w' || {wake_id})"),
+            KEY,
         ),
         // On its own connection (autocommit), while the request's transaction holds the
         // key's lock: duplicates find the key busy until this lands, and the record after.
