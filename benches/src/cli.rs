@@ -55,6 +55,18 @@ pub(crate) enum Command {
     /// How soon a waiting duplicate gets the answer once the original's is stored, on the same
     /// instance and on another, per store; prints the Markdown table.
     Wake(WakeArgs),
+    /// The report's chaos runs alone (PostgreSQL restarted in two claim modes, Redis killed, a
+    /// Redis Cluster failed over, on throwaway servers); prints the section. Fails when a
+    /// run's checks fail.
+    Chaos(ChaosArgs),
+}
+
+/// Settings of the chaos runs.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ChaosArgs {
+    /// Seconds of chaos in each run.
+    #[arg(long, default_value_t = 40)]
+    pub(crate) secs: u64,
 }
 
 /// Settings of the wake bench.

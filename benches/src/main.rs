@@ -100,6 +100,23 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
+        Command::Chaos(args) => {
+            let (runs, not_run) = runtime.block_on(report::chaos::measure(args.secs));
+            let mut md = String::new();
+            if let Err(e) = report::chaos::section(&mut md, &runs, args.secs) {
+                eprintln!("chaos: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+            println!("{md}");
+            for why in &not_run {
+                eprintln!("not run: {why}");
+            }
+            if not_run.is_empty() && runs.iter().all(|run| run.verdict.is_ok()) {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
         Command::HttpPg(args) => runtime.block_on(http_pg(args)),
         Command::ServePgTasks(args) => {
             // `RUST_LOG=idempotency_core=debug` shows the admitted transactions' limit.

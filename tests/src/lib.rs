@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod app;
+pub mod chaos;
 mod client;
 mod database;
 mod demo;

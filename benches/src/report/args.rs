@@ -8,7 +8,8 @@ pub(crate) struct Args {
     /// A quick run, about 3 minutes instead of about 20: what the verdict reads (every store
     /// at 1, 8 and 32 clients, the interleaved comparisons, WAL per operation, the layer
     /// through HTTP on memory and on PostgreSQL in every claim and table mode at 32 clients)
-    /// with fewer requests and rounds, and without the purge at scale and the pool sweep. Its
+    /// with fewer requests and rounds, and without the purge at scale, the pool sweep and the
+    /// chaos runs. Its
     /// figures spread more; it writes `target/reevaluation-quick.md` unless `--out` names
     /// another file.
     #[arg(long)]
@@ -85,6 +86,10 @@ pub(crate) struct Args {
     /// Purge at scale: wall time of one compressed hour, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub(crate) purge_hour_ms: u64,
+    /// Chaos on a schedule: seconds of chaos in each of its four runs (throwaway PostgreSQL,
+    /// Redis and Redis Cluster servers, one run after another); 0 skips the section.
+    #[arg(long, default_value_t = 40)]
+    pub(crate) chaos_secs: u64,
     /// Capacity model: idempotent writes per user per day.
     #[arg(long, default_value_t = 20.0)]
     pub(crate) writes_per_user_per_day: f64,
@@ -122,16 +127,17 @@ impl Args {
         self.http_pg_seconds = self.http_pg_seconds.min(2.0);
         self.http_pg_clients = vec![32];
         self.purge_days = 0;
+        self.chaos_secs = 0;
         self
     }
 
     /// What the run will take, said before it starts.
     pub(crate) fn expected_duration(&self) -> &'static str {
         if self.quick {
-            "a quick run: about 3 minutes on 2 cores (`--quick`; without it, the full report takes about 20)"
+            "a quick run: about 3 minutes on 2 cores (`--quick`; without it, the full report takes about 25)"
         } else {
-            "the full report: about 20 minutes on 2 cores (21 min 28 s on 2026-12-02); `--quick` answers the \
-             verdict's questions in about 3"
+            "the full report: about 25 minutes on 2 cores (21 min 28 s on 2026-12-02, before the chaos runs \
+             were added, which take about 4); `--quick` answers the verdict's questions in about 3"
         }
     }
 }

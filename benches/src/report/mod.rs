@@ -2,6 +2,7 @@
 //! `chart` draws the latency chart, and `render` writes the Markdown from the results.
 
 mod args;
+pub(crate) mod chaos;
 pub(crate) mod chart;
 pub(crate) mod drivers;
 mod measure;
@@ -70,6 +71,9 @@ pub(crate) struct Results {
     pub(crate) drivers: Vec<drivers::DriverRow>,
     pub(crate) replica_wait: Option<replicas::ReplicaWaitCost>,
     pub(crate) churn: purge::Churn,
+    /// Chaos on a schedule (none when skipped), and its seconds per run.
+    pub(crate) chaos: Vec<chaos::ChaosRun>,
+    pub(crate) chaos_secs: u64,
     /// Stores that could not be reached, and why.
     pub(crate) skipped: Vec<String>,
     pub(crate) fsync_after_us: Option<f64>,
@@ -319,6 +323,16 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         }
     };
     progress.inc(1);
+
+    // Phase 6: chaos on a schedule, on throwaway servers.
+    let chaos = if args.chaos_secs == 0 {
+        Vec::new()
+    } else {
+        progress.set_message("chaos on a schedule (throwaway servers)");
+        let (runs, not_run) = chaos::measure(args.chaos_secs).await;
+        skipped.extend(not_run);
+        runs
+    };
     let fsync_after_us = probe::fsync_us(&environment.fsync_dir);
     progress.finish_with_message("done");
 
@@ -374,6 +388,8 @@ pub(crate) async fn run(args: Args) -> Result<PathBuf, String> {
         drivers,
         replica_wait,
         churn,
+        chaos,
+        chaos_secs: args.chaos_secs,
         skipped,
         fsync_after_us,
         chart_file,

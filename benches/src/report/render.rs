@@ -34,6 +34,8 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         drivers,
         replica_wait,
         churn,
+        chaos,
+        chaos_secs,
         skipped,
         fsync_after_us,
         chart_file,
@@ -50,7 +52,7 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
         if settings.quick { " --quick" } else { "" },
         env.date,
         if settings.quick {
-            " A quick run: fewer requests and rounds, no purge at scale and no pool sweep, so its figures spread more \
+            " A quick run: fewer requests and rounds, no purge at scale, no pool sweep and no chaos runs, so its figures spread more \
              than the full report's."
         } else {
             ""
@@ -223,6 +225,9 @@ pub(crate) fn markdown(results: &Results) -> Result<String, fmt::Error> {
     if !purges.is_empty() {
         writeln!(w, "\n## PostgreSQL: purge at scale\n")?;
         purge_section(w, purges, churn)?;
+    }
+    if !chaos.is_empty() {
+        super::chaos::section(w, chaos, *chaos_secs)?;
     }
     capacity(w, &settings.model, cells, volumes)?;
     verdict(w, results)?;
