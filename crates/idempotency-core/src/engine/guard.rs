@@ -362,8 +362,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
 
     fn stop_heartbeat(&mut self) {
         if let Some(registration) = self.heartbeat.take() {
-            self.claim.stop_heartbeat();
-            self.shared.heartbeats.unregister(registration);
+            self.shared.heartbeats.finished(&self.claim, registration);
         }
     }
 

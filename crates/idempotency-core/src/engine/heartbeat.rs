@@ -29,12 +29,15 @@ use super::key_claim::KeyClaim;
 use super::shared::Shared;
 use super::timer::sleep_until;
 use crate::store::FenceOutcome;
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::{ErrorChain, IdempotencyStore};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+#[cfg(all(test, idempotency_loom))]
+mod loom_tests;
 
 /// A request's place in the schedule, to unregister it when it finishes: its slot, and its
 /// sequence number, so that a slot the driver emptied and another request took is left alone.
@@ -115,32 +118,8 @@ impl Schedule {
         shared: &Arc<Shared<S>>,
         claim: &KeyClaim,
     ) -> (Registration, bool) {
-        debug_assert_eq!(period(claim.length()), self.period);
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let waiting = Waiting {
-            due: claim.claimed_at() + self.period,
-            seq,
-            claim: claim.clone(),
-        };
-        let slot = {
-            let mut slab = self.entries();
-            match slab.free.pop() {
-                Some(slot) => {
-                    slab.slots[slot] = Some(waiting);
-                    slot
-                }
-                None => {
-                    slab.slots.push(Some(waiting));
-                    slab.slots.len() - 1
-                }
-            }
-        };
-        let registration = Registration { slot, seq };
-        let started = !self.driver_alive.load(Ordering::Acquire)
-            && self
-                .driver_alive
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
+        let registration = self.insert(claim);
+        let started = self.claim_driver();
         if started {
             // The flag's guard goes into the task from the start: a runtime that shuts down
             // before the task's first poll drops it there, and the next registration (on
@@ -150,14 +129,71 @@ impl Schedule {
         (registration, started)
     }
 
+    /// Puts `claim` in a free slot of the schedule (or a new one), due a period after its claim.
+    fn insert(&self, claim: &KeyClaim) -> Registration {
+        debug_assert_eq!(period(claim.length()), self.period);
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting {
+            due: claim.claimed_at() + self.period,
+            seq,
+            claim: claim.clone(),
+        };
+        let mut slab = self.entries();
+        let slot = match slab.free.pop() {
+            Some(slot) => {
+                slab.slots[slot] = Some(waiting);
+                slot
+            }
+            None => {
+                slab.slots.push(Some(waiting));
+                slab.slots.len() - 1
+            }
+        };
+        Registration { slot, seq }
+    }
+
+    /// Whether the caller is to start the driver: none is alive, and this caller is the one
+    /// that marked it alive (one driver at a time, however many requests register at once).
+    fn claim_driver(&self) -> bool {
+        if self.driver_alive.load(Ordering::Acquire) {
+            return false;
+        }
+        #[cfg(idempotency_loom)]
+        if crate::sync::SEEDED_DRIVER_RACE.load(std::sync::atomic::Ordering::Relaxed) {
+            self.driver_alive.store(true, Ordering::Release);
+            return true;
+        }
+        self.driver_alive
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// A request finished (stored, released, or dropped): its heartbeat is no longer wanted,
+    /// and it leaves the schedule (see [`Schedule::unregister`]). A heartbeat the driver
+    /// started for it meanwhile ends at its next look at the claim.
+    pub(crate) fn finished(&self, claim: &KeyClaim, registration: Registration) {
+        claim.stop_heartbeat();
+        self.unregister(registration);
+    }
+
     /// Takes a finished request out of the schedule (a no-op when its heartbeat already
-    /// started: that task ends when the lease says the heartbeat stopped).
-    pub(crate) fn unregister(&self, registration: Registration) {
+    /// started: that task ends when the lease says the heartbeat stopped). Its slot is emptied
+    /// only while it still holds this registration (its sequence number): the driver may have
+    /// emptied it and another request taken it.
+    fn unregister(&self, registration: Registration) {
+        #[cfg(idempotency_loom)]
+        let by_seq = !crate::sync::SEEDED_SLOT_RACE.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(idempotency_loom))]
+        let by_seq = true;
         let removed = {
             let mut slab = self.entries();
             let slab = &mut *slab;
             match slab.slots.get_mut(registration.slot) {
-                Some(slot) if slot.as_ref().is_some_and(|w| w.seq == registration.seq) => {
+                Some(slot)
+                    if slot
+                        .as_ref()
+                        .is_some_and(|w| w.seq == registration.seq || !by_seq) =>
+                {
                     slab.free.push(registration.slot);
                     slot.take()
                 }
@@ -172,6 +208,15 @@ impl Schedule {
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.closed_signal.notify_one();
+    }
+
+    /// One pass of the driver at `now`: the requests due that still want their lease extended
+    /// (each gets a heartbeat task), and when the next registration is due. A request that
+    /// finished after the pass took it is left to its heartbeat, which ends at its first look.
+    fn due_heartbeats(&self, now: Instant) -> (Vec<KeyClaim>, Option<Instant>) {
+        let (mut due, next) = self.take_due(now);
+        due.retain(KeyClaim::heartbeat_wanted);
+        (due, next)
     }
 
     /// Removes the registrations due at `now`; returns them and when the next one is due.
@@ -211,15 +256,13 @@ async fn drive<S: IdempotencyStore + 'static>(alive: DriverAlive, shared: Weak<S
             return;
         }
         let now = Instant::now();
-        let (due, next) = schedule.take_due(now);
+        let (due, next) = schedule.due_heartbeats(now);
         if !due.is_empty() {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
             for claim in due {
-                if claim.heartbeat_wanted() {
-                    shared.tasks.spawn(run(Arc::clone(&shared), claim));
-                }
+                shared.tasks.spawn(run(Arc::clone(&shared), claim));
             }
         }
         let wake_at = next.map_or(now + schedule.period, |at| at.min(now + schedule.period));
