@@ -34,19 +34,40 @@ pub(crate) struct OpenTransaction<D: Driver> {
     /// The transaction's id, read at `BEGIN`: if the handler ends the transaction itself, the
     /// server says from it whether it committed.
     xid: i64,
-    /// In the one-transaction mode, what the completion inserts; `None` in the lease mode,
-    /// where the claim's record is completed.
-    at_commit: Option<AtCommit>,
-    /// In the speculative mode, the key's lookup until it is settled (its answer sets `xid`
-    /// and `at_commit`).
-    lookup: Option<PendingRows<D::Row>>,
-    /// In the speculative mode, whether the lookup's answer came.
-    lookup_signal: Option<LookupSignal>,
+    /// How it holds its key, per claim mode: what its completion writes.
+    hold: Hold<D::Row>,
+}
+
+/// How a request's transaction holds its key, one variant per claim mode, which says what its
+/// completion writes.
+enum Hold<R> {
+    /// The lease mode: the claim's record holds the key; the completion updates it.
+    Claim,
+    /// The one-transaction mode, and the speculative mode once its lookup is settled: the key's
+    /// lock; the completion inserts the record.
+    Lock(AtCommit),
+    /// The speculative mode until its lookup is settled: the lookup queued behind `BEGIN`
+    /// (its answer sets the transaction's id and what `at_commit` reads), and whether that
+    /// answer came.
+    PendingLookup {
+        at_commit: AtCommit,
+        lookup: PendingRows<R>,
+        signal: LookupSignal,
+    },
+}
+
+impl<R> Hold<R> {
+    /// A pending lookup left unread (the transaction ends without it): the key's lock.
+    fn forget_lookup(&mut self) {
+        if let Hold::PendingLookup { at_commit, .. } = self {
+            *self = Hold::Lock(*at_commit);
+        }
+    }
 }
 
 impl<D: Driver> OpenTransaction<D> {
     /// A transaction open on `tx` for `(scope, key)` and `token`, in the lease mode until
-    /// `at_commit` is set.
+    /// `hold` is set.
     fn new(
         core: &Arc<StoreCore<D>>,
         tx: D::Tx,
@@ -62,9 +83,7 @@ impl<D: Driver> OpenTransaction<D> {
             key: key.clone(),
             token,
             xid,
-            at_commit: None,
-            lookup: None,
-            lookup_signal: None,
+            hold: Hold::Claim,
         }
     }
 
@@ -106,7 +125,7 @@ impl<D: Driver> OpenTransaction<D> {
 
     /// Rolls the transaction back.
     pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
-        self.lookup = None;
+        self.hold.forget_lookup();
         match self.tx.take() {
             Some(tx) => Ok(self.core.driver.rollback(tx).await?),
             None => Ok(()),
@@ -127,9 +146,10 @@ impl<D: Driver> OpenTransaction<D> {
             // Busy: rolled back, none of the writes stand.
             _ => return Ok(CommitOutcome::LeaseLost),
         }
-        match self.at_commit {
-            Some(at_commit) => self.insert_and_commit(at_commit, response, retention).await,
-            None => self.update_and_commit(response, retention).await,
+        match self.hold {
+            Hold::Lock(at_commit) => self.insert_and_commit(at_commit, response, retention).await,
+            Hold::Claim => self.update_and_commit(response, retention).await,
+            Hold::PendingLookup { .. } => Err(unsettled()),
         }
     }
 
@@ -149,9 +169,10 @@ impl<D: Driver> OpenTransaction<D> {
             // Busy: rolled back, a duplicate holds the key; the engine's claim finds it.
             _ => return Ok(DiscardOutcome::RolledBack),
         }
-        match self.at_commit {
-            Some(at_commit) => self.discard_and_store(at_commit, response, retention).await,
-            None => {
+        match self.hold {
+            Hold::Lock(at_commit) => self.discard_and_store(at_commit, response, retention).await,
+            Hold::PendingLookup { .. } => Err(unsettled()),
+            Hold::Claim => {
                 // A rollback that fails ends the transaction with its connection, uncommitted:
                 // the claim's answer is still to be stored.
                 if let Err(error) = self.rollback().await {
@@ -244,6 +265,15 @@ impl<D: Driver> OpenTransaction<D> {
             _ => CommitOutcome::EndedByHandler,
         })
     }
+}
+
+/// A completion asked of a speculative transaction whose lookup `settle` did not settle: a
+/// defect of the store's own code, reported rather than written.
+fn unsettled() -> StoreError {
+    StoreError::corrupt(
+        BACKEND,
+        CorruptRecord::Field("the key's lookup was not settled before the completion"),
+    )
 }
 
 /// A failure of the pipelined completion and `COMMIT`, as the store error that says whether the
@@ -381,7 +411,10 @@ impl<D: Driver> StoreTransaction for PostgresTransaction<D> {
     }
 
     fn lookup_signal(&self) -> Option<LookupSignal> {
-        self.0.lookup.as_ref().and(self.0.lookup_signal.clone())
+        match &self.0.hold {
+            Hold::PendingLookup { signal, .. } => Some(signal.clone()),
+            Hold::Claim | Hold::Lock(_) => None,
+        }
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

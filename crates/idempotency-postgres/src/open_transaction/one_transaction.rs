@@ -2,7 +2,7 @@
 //! (waited for, or queued and settled later in the speculative mode), and the completed
 //! record inserted with `COMMIT`.
 
-use super::{OpenTransaction, PostgresTransaction, commit_error, idle_limit_ms};
+use super::{Hold, OpenTransaction, PostgresTransaction, commit_error, idle_limit_ms};
 use crate::driver::{
     DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
@@ -54,9 +54,18 @@ impl<D: Driver> OpenTransaction<D> {
     /// that found the key taken aborted the transaction: it is rolled back, and the key's
     /// record read on another connection (none live: a duplicate's transaction is open).
     pub(crate) async fn settle(&mut self) -> Result<Settled, StoreError> {
-        let Some(lookup) = self.lookup.take() else {
-            return Ok(Settled::Proceed);
+        let (at_commit, lookup) = match std::mem::replace(&mut self.hold, Hold::Claim) {
+            Hold::PendingLookup {
+                at_commit, lookup, ..
+            } => (at_commit, lookup),
+            settled => {
+                self.hold = settled;
+                return Ok(Settled::Proceed);
+            }
         };
+        // Whatever the answer, the lookup is read: the transaction holds the key's lock (or
+        // ends below).
+        self.hold = Hold::Lock(at_commit);
         let answer = lookup.await.unwrap_or_else(|_| {
             Err(DriverError {
                 sqlstate: None,
@@ -79,7 +88,7 @@ impl<D: Driver> OpenTransaction<D> {
                 let began = row.float8(0)?;
                 let takeover = row.bool(1)?;
                 self.xid = row.int8(2)?;
-                if let Some(at_commit) = &mut self.at_commit {
+                if let Hold::Lock(at_commit) = &mut self.hold {
                     at_commit.began = began;
                     at_commit.takeover = takeover;
                 }
@@ -162,7 +171,7 @@ impl<D: Driver> OpenTransaction<D> {
 impl<D: Driver> OpenTransaction<D> {
     /// Rolls the transaction back and reads the key's live record on its connection.
     async fn rollback_and_get(&mut self) -> Result<Option<Record>, StoreError> {
-        self.lookup = None;
+        self.hold.forget_lookup();
         let tx = self.take()?;
         let params = [
             Param::Text(self.scope.as_str()),
@@ -267,7 +276,7 @@ impl<D: Driver> StoreCore<D> {
         }
         let xid = row.int8(3)?;
         Ok(Begun::Absent(OpenTransaction {
-            at_commit: Some(AtCommit {
+            hold: Hold::Lock(AtCommit {
                 fingerprint: *fingerprint,
                 takeover: live == Some(false),
                 began,
@@ -307,13 +316,15 @@ impl<D: Driver> StoreCore<D> {
             .await?;
         // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {
-            at_commit: Some(AtCommit {
-                fingerprint: *fingerprint,
-                takeover: false,
-                began: 0.0,
-            }),
-            lookup: Some(lookup),
-            lookup_signal: Some(signal),
+            hold: Hold::PendingLookup {
+                at_commit: AtCommit {
+                    fingerprint: *fingerprint,
+                    takeover: false,
+                    began: 0.0,
+                },
+                lookup,
+                signal,
+            },
             ..OpenTransaction::new(self, tx, scope, key, token, 0)
         }))
     }
