@@ -45,8 +45,6 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     charge: Option<Charge>,
     /// Its place among the keys this process holds in flight, until its outcome is settled.
     in_flight: Option<InFlight>,
-    /// Speculative mode: whether the key's lookup has been answered.
-    lookup: Option<LookupSignal>,
     /// Its place among the request transactions admitted at once, until the transaction ends
     /// (not the guard: what follows a rollback, a claim of the key, may wait for a pooled
     /// connection, which a request waiting for a place may hold).
@@ -55,24 +53,38 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     admitted: Option<Place>,
 }
 
-/// How a guard holds its key.
-#[derive(Clone, Copy)]
+/// How a guard holds its key, one variant per claim mode.
 enum Hold {
     /// A claim record with a lease ([`ClaimMode::Lease`](super::ClaimMode::Lease)).
     Lease,
     /// Only the request's transaction
     /// ([`ClaimMode::OneTransaction`](super::ClaimMode::OneTransaction)); a record that
-    /// superseded the request's is judged against its fingerprint. `speculative`: the key's
-    /// lookup was not answered when the handler started; the transaction is settled first.
-    Transaction {
+    /// superseded the request's is judged against its fingerprint.
+    Transaction { fingerprint: Fingerprint },
+    /// Only the request's transaction, whose key lookup was not answered when the handler
+    /// started ([`ClaimMode::OneTransactionSpeculative`](super::ClaimMode::OneTransactionSpeculative)):
+    /// the transaction is settled first. `lookup` tells whether the lookup's answer came (`None`
+    /// where the store does not say).
+    Speculative {
         fingerprint: Fingerprint,
-        speculative: bool,
+        lookup: Option<LookupSignal>,
     },
 }
 
 impl Hold {
-    fn is_transaction(self) -> bool {
-        matches!(self, Hold::Transaction { .. })
+    /// Whether the request's transaction is the key's only hold (the one-transaction modes).
+    fn is_transaction(&self) -> bool {
+        !matches!(self, Hold::Lease)
+    }
+
+    /// The request's fingerprint, in the modes whose records are written at commit.
+    fn fingerprint(&self) -> Option<Fingerprint> {
+        match self {
+            Hold::Lease => None,
+            Hold::Transaction { fingerprint } | Hold::Speculative { fingerprint, .. } => {
+                Some(*fingerprint)
+            }
+        }
     }
 }
 
@@ -112,7 +124,6 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             hold: Hold::Lease,
             charge: None,
             in_flight,
-            lookup: None,
             admitted,
         }
     }
@@ -129,23 +140,22 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     ) -> Self {
         let in_flight = Some(shared.in_flight.enter());
         let admitted = None;
-        let lookup = if speculative {
-            tx.lookup_signal()
+        let hold = if speculative {
+            Hold::Speculative {
+                fingerprint,
+                lookup: tx.lookup_signal(),
+            }
         } else {
-            None
+            Hold::Transaction { fingerprint }
         };
         Guard {
-            lookup,
             shared,
             claim,
             heartbeat: None,
             started_driver: false,
             transaction: Some(TransactionSlot::opened(tx)),
             holding: true,
-            hold: Hold::Transaction {
-                fingerprint,
-                speculative,
-            },
+            hold,
             charge: None,
             in_flight,
             admitted,
@@ -204,10 +214,16 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// finds the key free, so the client's retry with the same key learns the truth. `None` in
     /// the other modes, or when the lookup was already answered.
     pub fn lookup_overdue(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let lookup = self
-            .lookup
-            .as_ref()
-            .filter(|lookup| !lookup.is_answered())?;
+        let Hold::Speculative {
+            lookup: Some(lookup),
+            ..
+        } = &self.hold
+        else {
+            return None;
+        };
+        if lookup.is_answered() {
+            return None;
+        }
         let (lookup, timeout) = (lookup.clone(), self.shared.config.store_timeout);
         Some(async move {
             if tokio::time::timeout(timeout, lookup.answered())

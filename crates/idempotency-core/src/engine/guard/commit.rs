@@ -14,12 +14,10 @@ use std::sync::Arc;
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// What the request answers when `record` stands for its key instead of its own.
     fn superseded_by(&self, record: Record) -> Superseded {
-        let judged = match self.hold {
-            Hold::Transaction { fingerprint, .. } => {
-                judge(record, &fingerprint, self.shared.config.retention)
-            }
+        let judged = match self.hold.fingerprint() {
+            Some(fingerprint) => judge(record, &fingerprint, self.shared.config.retention),
             // Only the one-transaction modes insert records at commit time.
-            Hold::Lease => Judged::Mismatch,
+            None => Judged::Mismatch,
         };
         protocol::superseded(judged)
     }
@@ -31,13 +29,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         &self,
         mut tx: Box<dyn StoreTransaction>,
     ) -> Result<Box<dyn StoreTransaction>, Completion> {
-        if !matches!(
-            self.hold,
-            Hold::Transaction {
-                speculative: true,
-                ..
-            }
-        ) {
+        if !matches!(self.hold, Hold::Speculative { .. }) {
             return Ok(tx);
         }
         let shared = &self.shared;
@@ -240,9 +232,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     /// is gone: claims the key with this request's token, so the response can be stored.
     /// `None` in the lease mode, whose claim's record holds the key throughout.
     async fn claim_after_transaction(&self) -> Option<Result<ClaimOutcome, StoreError>> {
-        let Hold::Transaction { fingerprint, .. } = self.hold else {
-            return None;
-        };
+        let fingerprint = self.hold.fingerprint()?;
         let (shared, claim) = (&self.shared, &self.claim);
         // The claim ends with the engine's lease from the moment it is sent: if storing the
         // response then fails, the background store stops when another request may hold the key.
