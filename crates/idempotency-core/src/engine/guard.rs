@@ -11,7 +11,7 @@ use super::opener::TxOpener;
 use super::retry::spawn_release;
 use super::shared::Shared;
 use crate::store::StoreOp;
-use crate::store::{LookupSignal, StoreTransaction};
+use crate::store::StoreTransaction;
 use crate::transaction::{Taken, TransactionSlot};
 use crate::{ErrorChain, Fingerprint, IdempotencyStore, ReplayPolicy, StoredResponse};
 use http::StatusCode;
@@ -19,6 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use super::completion::{Completion, RollbackCause, Superseded};
+use hold::Hold;
 
 /// Proof that this request holds the claim on its key, from the claim until its outcome is
 /// stored. While it lives, a heartbeat extends the lease (when
@@ -51,41 +52,6 @@ pub struct Guard<S: IdempotencyStore + 'static> {
     /// Shared with the lease mode's opener, which takes the place when the handler opens the
     /// transaction. `None` on a store without admission (nothing allocated for it).
     admitted: Option<Place>,
-}
-
-/// How a guard holds its key, one variant per claim mode.
-enum Hold {
-    /// A claim record with a lease ([`ClaimMode::Lease`](super::ClaimMode::Lease)).
-    Lease,
-    /// Only the request's transaction
-    /// ([`ClaimMode::OneTransaction`](super::ClaimMode::OneTransaction)); a record that
-    /// superseded the request's is judged against its fingerprint.
-    Transaction { fingerprint: Fingerprint },
-    /// Only the request's transaction, whose key lookup was not answered when the handler
-    /// started ([`ClaimMode::OneTransactionSpeculative`](super::ClaimMode::OneTransactionSpeculative)):
-    /// the transaction is settled first. `lookup` tells whether the lookup's answer came (`None`
-    /// where the store does not say).
-    Speculative {
-        fingerprint: Fingerprint,
-        lookup: Option<LookupSignal>,
-    },
-}
-
-impl Hold {
-    /// Whether the request's transaction is the key's only hold (the one-transaction modes).
-    fn is_transaction(&self) -> bool {
-        !matches!(self, Hold::Lease)
-    }
-
-    /// The request's fingerprint, in the modes whose records are written at commit.
-    fn fingerprint(&self) -> Option<Fingerprint> {
-        match self {
-            Hold::Lease => None,
-            Hold::Transaction { fingerprint } | Hold::Speculative { fingerprint, .. } => {
-                Some(*fingerprint)
-            }
-        }
-    }
 }
 
 impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
@@ -140,14 +106,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     ) -> Self {
         let in_flight = Some(shared.in_flight.enter());
         let admitted = None;
-        let hold = if speculative {
-            Hold::Speculative {
-                fingerprint,
-                lookup: tx.lookup_signal(),
-            }
-        } else {
-            Hold::Transaction { fingerprint }
-        };
+        let hold = Hold::in_transaction(fingerprint, tx.as_ref(), speculative);
         Guard {
             shared,
             claim,
@@ -206,35 +165,6 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         self.transaction.as_ref()
     }
 
-    /// In the speculative one-transaction mode, while the key's lookup is on its way: a future
-    /// that resolves if the store timeout passes without its answer (a frozen database, a
-    /// locked key table). The handler's statements wait behind the lookup and nothing else
-    /// bounds them, so a caller that must answer in time (the HTTP layer) answers then that the
-    /// outcome is not known yet, and lets the request run on: it commits only if its lookup
-    /// finds the key free, so the client's retry with the same key learns the truth. `None` in
-    /// the other modes, or when the lookup was already answered.
-    pub fn lookup_overdue(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let Hold::Speculative {
-            lookup: Some(lookup),
-            ..
-        } = &self.hold
-        else {
-            return None;
-        };
-        if lookup.is_answered() {
-            return None;
-        }
-        let (lookup, timeout) = (lookup.clone(), self.shared.config.store_timeout);
-        Some(async move {
-            if tokio::time::timeout(timeout, lookup.answered())
-                .await
-                .is_ok()
-            {
-                std::future::pending::<()>().await;
-            }
-        })
-    }
-
     /// Whether a response with `status` would be stored under the engine's policy (so a caller
     /// can skip buffering a body that will not be kept).
     pub fn stores(&self, status: StatusCode) -> bool {
@@ -291,7 +221,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                 Box::pin(self.commit_transaction(tx, used, response, discard, warn_unused)).await
             }
             Taken::Busy => self.transaction_busy(),
-            Taken::Unopened | Taken::Closed if self.hold.is_transaction() => {
+            Taken::Unopened | Taken::Closed if !self.hold.has_claim_record() => {
                 tracing::error!(
                     backend = self.shared.store.backend(),
                     "the request's transaction was closed before its response could be stored"
@@ -322,7 +252,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         if discard {
             return self.store_without_writes(tx, response).await;
         }
-        if !used && warn_unused && self.hold.is_transaction() {
+        if !used && warn_unused && !self.hold.has_claim_record() {
             tracing::warn!(
                 backend = self.shared.store.backend(),
                 "ClaimMode::OneTransaction: the handler never took the request's \
@@ -361,7 +291,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
             ),
             Taken::Unopened | Taken::Closed => {}
         }
-        if self.hold.is_transaction() {
+        if !self.hold.has_claim_record() {
             // The transaction was the only hold on the key: rolled back, the key is free.
             return self.finish(Completion::Released);
         }
@@ -425,7 +355,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
         let shared = Arc::clone(&self.shared);
         let claim = self.claim.clone();
         let transaction = self.transaction.take();
-        let release = !self.hold.is_transaction();
+        let release = self.hold.has_claim_record();
         let tasks = shared.tasks.clone();
         tasks.spawn_on(
             async move {
@@ -452,6 +382,9 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
 }
 
 mod commit;
+mod hold;
+mod reclaim;
+mod speculative;
 mod store;
 #[cfg(test)]
 mod tests;

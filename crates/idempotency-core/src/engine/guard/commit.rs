@@ -1,60 +1,24 @@
 //! How a guard that holds a transaction ends it: the response stored and committed with the
-//! handler's writes, stored after a handler that committed itself, or the claim released after
-//! a rollback.
+//! handler's writes, or stored without them, and the claim released after a rollback.
+//! (`guard/speculative.rs` settles a speculative transaction first; `guard/reclaim.rs` claims
+//! the key again in the one-transaction modes once their transaction is gone.)
 
-use super::{Completion, Guard, Hold, RollbackCause, Superseded};
-use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
+use super::{Completion, Guard, RollbackCause, Superseded};
 use crate::engine::protocol::{self, Judged, judge};
 use crate::engine::retry::spawn_release;
-use crate::store::{ClaimOutcome, CommitOutcome, DiscardOutcome, Record, StoreTransaction};
-use crate::store::{Settled, StoreOp};
-use crate::{ErrorChain, IdempotencyStore, StoreError, StoredResponse};
+use crate::store::{CommitOutcome, DiscardOutcome, Record, StoreOp, StoreTransaction};
+use crate::{ErrorChain, IdempotencyStore, StoredResponse};
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// What the request answers when `record` stands for its key instead of its own.
-    fn superseded_by(&self, record: Record) -> Superseded {
+    pub(super) fn superseded_by(&self, record: Record) -> Superseded {
         let judged = match self.hold.fingerprint() {
             Some(fingerprint) => judge(record, &fingerprint, self.shared.config.retention),
             // Only the one-transaction modes insert records at commit time.
             None => Judged::Mismatch,
         };
         protocol::superseded(judged)
-    }
-
-    /// For a speculative transaction, waits for the key's lookup: the transaction back when
-    /// the key is this request's, or the answer the request gets instead (the transaction
-    /// rolled back, none of the handler's writes standing).
-    pub(super) async fn settle(
-        &self,
-        mut tx: Box<dyn StoreTransaction>,
-    ) -> Result<Box<dyn StoreTransaction>, Completion> {
-        if !matches!(self.hold, Hold::Speculative { .. }) {
-            return Ok(tx);
-        }
-        let shared = &self.shared;
-        match shared.call(StoreOp::Settle, tx.settle()).await {
-            Ok(Settled::Proceed) => Ok(tx),
-            Ok(Settled::Existing(record)) => {
-                tracing::debug!(
-                    backend = shared.store.backend(),
-                    "the key was taken before the speculative request: its writes rolled back"
-                );
-                Err(Completion::Superseded(self.superseded_by(record)))
-            }
-            Ok(Settled::Busy) => Err(Completion::Superseded(Superseded::InFlight {
-                retry_after: TRANSACTION_RETRY_AFTER.min(shared.config.in_flight_retry_after),
-            })),
-            Err(error) => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "the key's lookup failed: the request's transaction is rolled back"
-                );
-                self.rollback(tx).await;
-                Err(Completion::RolledBack(RollbackCause::Store))
-            }
-        }
     }
 
     /// Stores the response in the request's transaction and commits both.
@@ -107,7 +71,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                      and the retry will make them again). Nothing is stored and the key is \
                      released for the retry. Never end the request's transaction in the handler"
                 );
-                if !self.hold.is_transaction() {
+                if self.hold.has_claim_record() {
                     self.release_claim().await;
                 }
                 Completion::TransactionMisused
@@ -139,16 +103,10 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                         "the request's transaction did not commit"
                     );
                 }
-                if !self.hold.is_transaction() {
-                    // Fenced by the token: if the commit did happen after all, the record is
-                    // completed and no longer carries the token, so nothing is released and
-                    // the retry replays; otherwise the retry runs.
-                    spawn_release(
-                        Arc::clone(shared),
-                        self.claim.clone(),
-                        "transaction not committed",
-                    );
-                }
+                // Fenced by the token: if the commit did happen after all, the record is
+                // completed and no longer carries the token, so nothing is released and the
+                // retry replays; otherwise the retry runs.
+                self.release_in_background("transaction not committed");
                 protocol::after_failed_commit(&error)
             }
         }
@@ -185,89 +143,20 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
                     error = %ErrorChain(&error),
                     "could not store the answer whose writes were discarded; they are rolled back"
                 );
-                if !self.hold.is_transaction() {
-                    // The claim's record still holds the key: give it back for the retry.
-                    spawn_release(Arc::clone(shared), self.claim.clone(), "discard not stored");
-                }
+                self.release_in_background("discard not stored");
                 protocol::after_failed_commit(&error)
             }
         }
     }
 
-    /// Stores the answer of a request whose transaction rolled back (its writes discarded):
-    /// with the lease mode's claim, which held the key throughout; in the one-transaction
-    /// modes the key is claimed first, and if another request took it since the rollback, the
-    /// client gets what that request stands for.
-    async fn store_after_rollback(&self, response: StoredResponse) -> Completion {
-        let shared = &self.shared;
-        match self.claim_after_transaction().await {
-            None | Some(Ok(ClaimOutcome::Claimed)) => {}
-            Some(Ok(ClaimOutcome::Existing(record))) => {
-                tracing::debug!(
-                    backend = shared.store.backend(),
-                    "another request took the key after the discarded writes rolled back: \
-                     answering with what it stands for"
-                );
-                return Completion::Superseded(self.superseded_by(record));
-            }
-            Some(Err(error)) => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not claim the key to store the answer whose writes were discarded"
-                );
-                // The claim may have landed: fenced by the token, so only ours goes.
-                spawn_release(
-                    Arc::clone(shared),
-                    self.claim.clone(),
-                    "discard not claimed",
-                );
-                return Completion::RolledBack(RollbackCause::Store);
-            }
+    /// After the request's transaction ended without its response: a lease-mode claim's record
+    /// still holds the key and is released in the background (fenced by its token, retried
+    /// until the lease runs out) so the retry can run; in the one-transaction modes the
+    /// transaction was the key's only hold and went with it.
+    fn release_in_background(&self, why: &'static str) {
+        if self.hold.has_claim_record() {
+            spawn_release(Arc::clone(&self.shared), self.claim.clone(), why);
         }
-        self.store(response).await
-    }
-
-    /// In the one-transaction modes the key's only hold was the request's transaction, which
-    /// is gone: claims the key with this request's token, so the response can be stored.
-    /// `None` in the lease mode, whose claim's record holds the key throughout.
-    async fn claim_after_transaction(&self) -> Option<Result<ClaimOutcome, StoreError>> {
-        let fingerprint = self.hold.fingerprint()?;
-        let (shared, claim) = (&self.shared, &self.claim);
-        // The claim ends with the engine's lease from the moment it is sent: if storing the
-        // response then fails, the background store stops when another request may hold the key.
-        claim.reclaimed(tokio::time::Instant::now(), shared.config.lease);
-        let claimed = shared.store.claim(
-            claim.scope(),
-            claim.key(),
-            &fingerprint,
-            claim.token(),
-            shared.config.lease,
-        );
-        Some(shared.call(StoreOp::Claim, claimed).await)
-    }
-
-    /// Stores the response outside the request's transaction, which the handler committed
-    /// itself: its writes stand, so the response goes to its client even if another request
-    /// took the key. The one-transaction mode holds no record yet: the key is claimed with this
-    /// request's token first.
-    pub(super) async fn store_after_handler_commit(&self, response: StoredResponse) -> Completion {
-        match self.claim_after_transaction().await {
-            None | Some(Ok(ClaimOutcome::Claimed)) => {}
-            Some(Ok(ClaimOutcome::Existing(_))) => {
-                return self.lost("another request took the key after the handler's COMMIT");
-            }
-            Some(Err(error)) => {
-                tracing::error!(
-                    backend = self.shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not record the key after the handler's own COMMIT: a retry of \
-                     this request will run it again"
-                );
-                return Completion::Stale;
-            }
-        }
-        self.store(response).await
     }
 
     /// Releases the claim (fenced by its token) so a retry runs at once; retried in the
