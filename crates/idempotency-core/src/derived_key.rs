@@ -1,7 +1,9 @@
 //! Idempotency keys for the calls a request makes to other services, derived from its own
 //! ([`DerivedKey`]).
 
-use crate::{IdempotencyKey, Scope};
+use crate::key::IdempotencyKey;
+
+use crate::scope::Scope;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -126,7 +128,7 @@ mod tests {
     fn derive(scope: &str, key: &str, step: &str) -> DerivedKey {
         DerivedKey::derive(
             &Scope::new(scope).unwrap(),
-            &IdempotencyKey::parse(key.as_bytes(), crate::KeyFormat::default()).unwrap(),
+            &IdempotencyKey::parse(key.as_bytes(), crate::key::KeyFormat::default()).unwrap(),
             step,
         )
     }

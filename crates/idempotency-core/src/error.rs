@@ -1,6 +1,6 @@
 //! Store errors.
 
-use crate::DecodeError;
+use crate::response::DecodeError;
 
 /// A boxed error kept as the source of a [`StoreError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -106,7 +106,7 @@ pub enum CorruptRecord {
     Response(#[from] DecodeError),
     /// The stored fingerprint could not be decoded.
     #[error(transparent)]
-    Fingerprint(#[from] crate::FingerprintError),
+    Fingerprint(#[from] crate::fingerprint::FingerprintError),
     /// A field is missing or has the wrong type.
     #[error("{0}")]
     Field(&'static str),

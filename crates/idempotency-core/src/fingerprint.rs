@@ -318,8 +318,8 @@ impl FingerprintSpec {
     /// Ignores the part of a JSON body at `pointer` (RFC 6901, e.g. `/meta/sent_at`): object
     /// members are dropped, array elements count as `null`. Repeatable. Bodies that are not JSON
     /// count whole.
-    pub fn ignore_json(mut self, pointer: &str) -> Result<Self, crate::JsonPointerError> {
-        let pointer = crate::JsonPointer::parse(pointer)?;
+    pub fn ignore_json(mut self, pointer: &str) -> Result<Self, crate::json::JsonPointerError> {
+        let pointer = crate::json::JsonPointer::parse(pointer)?;
         match &mut self.projection {
             crate::json::Projection::Ignore(pointers) => pointers.push(pointer),
             other => *other = crate::json::Projection::Ignore(vec![pointer]),
@@ -330,8 +330,8 @@ impl FingerprintSpec {
     /// Counts only the parts of a JSON body at the pointers given this way, with the objects
     /// around them (a pointer that reaches an array counts it whole). Repeatable; replaces
     /// [`FingerprintSpec::ignore_json`].
-    pub fn keep_json(mut self, pointer: &str) -> Result<Self, crate::JsonPointerError> {
-        let pointer = crate::JsonPointer::parse(pointer)?;
+    pub fn keep_json(mut self, pointer: &str) -> Result<Self, crate::json::JsonPointerError> {
+        let pointer = crate::json::JsonPointer::parse(pointer)?;
         match &mut self.projection {
             crate::json::Projection::Keep(pointers) => pointers.push(pointer),
             other => *other = crate::json::Projection::Keep(vec![pointer]),

@@ -45,9 +45,10 @@
 //! # }
 //! ```
 
+use crate::error::StoreError;
 use crate::store::Footprint;
+use crate::store::IdempotencyStore;
 pub use crate::store::PoolStatus;
-use crate::{IdempotencyStore, StoreError};
 
 /// Upper bounds (seconds) for `idempotency_store_duration_seconds`: from half a millisecond (a
 /// replay on a local Redis) to the default store timeout (5 s) and past it, so both the usual
@@ -149,13 +150,13 @@ pub async fn check_store<S: IdempotencyStore + ?Sized>(store: &S, within: Durati
     let backend = store.backend();
     let up = metrics::gauge!(STORE_UP_METRIC, "backend" => backend);
     if let Readiness::Unavailable(error) = readiness(store, within).await {
-        tracing::warn!(backend, error = %crate::ErrorChain(&error), "the idempotency store did not answer its check");
+        tracing::warn!(backend, error = %crate::error::ErrorChain(&error), "the idempotency store did not answer its check");
         up.set(0.0);
         return false;
     }
     up.set(1.0);
     if let Err(error) = record_footprint(store, within).await {
-        tracing::warn!(backend, error = %crate::ErrorChain(&error), "could not read what the idempotency store holds");
+        tracing::warn!(backend, error = %crate::error::ErrorChain(&error), "could not read what the idempotency store holds");
     }
     true
 }
@@ -244,7 +245,7 @@ impl fmt::Display for Readiness {
                  idempotency_store_state_lost_total); it is checked again at the next probe",
             ),
             Readiness::Unavailable(error) => {
-                let chain = crate::ErrorChain(error);
+                let chain = crate::error::ErrorChain(error);
                 write!(
                     f,
                     "not ready: the idempotency store is unavailable: {chain}"

@@ -23,11 +23,13 @@
 //! writes: a crash at any instant leaves both or neither.
 
 use crate::engine::{Begin, Completion, Engine, KeyClaim, RollbackCause, Superseded};
+use crate::error::StoreError;
+use crate::fingerprint::{BodyCanonicalization, Fingerprint};
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
+use crate::scope::Scope;
+use crate::store::IdempotencyStore;
 use crate::transaction::{StoreTransaction, Transaction, TransactionError, TransactionSlot};
-use crate::{
-    BodyCanonicalization, Fingerprint, IdempotencyKey, IdempotencyStore, Scope, StoreError,
-    StoredResponse,
-};
 use bytes::Bytes;
 use futures_util::FutureExt as _;
 use http::{HeaderMap, HeaderValue, StatusCode, header};

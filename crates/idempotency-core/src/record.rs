@@ -1,6 +1,8 @@
 //! What stores keep and return.
 
-use crate::{Fingerprint, StoredResponse};
+use crate::fingerprint::Fingerprint;
+
+use crate::response::StoredResponse;
 use std::fmt;
 use std::time::Duration;
 

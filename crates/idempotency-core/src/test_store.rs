@@ -1,7 +1,11 @@
 //! A store, and a reader of recorded metrics, for the crate's unit tests.
 
+use crate::error::StoreError;
+use crate::key::IdempotencyKey;
+use crate::response::StoredResponse;
+use crate::scope::Scope;
+use crate::store::IdempotencyStore;
 use crate::store::{ClaimOutcome, FenceOutcome, Fingerprint, Footprint, LeaseToken, Record};
-use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError, StoredResponse};
 use std::time::Duration;
 
 /// A store that keeps nothing, whose `check_state` answers what it is told after `delay`, and

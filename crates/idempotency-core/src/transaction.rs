@@ -11,13 +11,19 @@
 //! The handler never commits: the transaction types give it no way to, and the engine checks
 //! at commit time that the transaction it opened is still the one running.
 
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::response::StoredResponse;
 use crate::store::Record;
-use crate::{Fingerprint, StoreError, StoredResponse};
 use std::any::Any;
 use std::fmt;
 use std::time::Duration;
 
-use crate::{IdempotencyKey, LeaseToken, Scope};
+use crate::key::IdempotencyKey;
+
+use crate::record::LeaseToken;
+
+use crate::scope::Scope;
 
 /// A store that can open a database transaction in which the handler's writes and the stored
 /// response commit together. Reached through
@@ -337,7 +343,7 @@ pub trait StoreTransaction: Send + Sync + 'static {
             // Nothing commits on a transaction that failed to roll back: it ends with its
             // connection. Storing the answer is still right.
             tracing::warn!(
-                error = %crate::ErrorChain(&error),
+                error = %crate::error::ErrorChain(&error),
                 "could not roll back the discarded transaction; it ends with its connection"
             );
         }

@@ -1,6 +1,6 @@
 //! What became of a proceeding request's outcome: [`Completion`], and the causes it carries.
 
-use super::Replayed;
+use super::replayed::Replayed;
 use std::time::Duration;
 
 /// What [`Guard::complete`](crate::Guard::complete) or [`Guard::release`](crate::Guard::release) did with the request's outcome.

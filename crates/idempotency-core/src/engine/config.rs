@@ -164,7 +164,7 @@ pub struct EngineConfig {
     /// (429 at the HTTP layer) and its key released, while the scope's used keys still replay
     /// and other scopes go on. It bounds how fast one caller can grow a PostgreSQL or Redis
     /// store (which evict nothing) by flooding it with new keys. Default none.
-    pub new_keys_per_scope: Option<super::ScopeLimit>,
+    pub new_keys_per_scope: Option<super::limit::ScopeLimit>,
     /// How many request transactions run at once on a store whose transactions hold pooled
     /// connections (the PostgreSQL store). Default [`TransactionAdmission::Adaptive`].
     pub transaction_admission: TransactionAdmission,
@@ -280,7 +280,7 @@ impl EngineConfig {
     }
     /// Sets [`new_keys_per_scope`](Self#structfield.new_keys_per_scope): at most `keys` new keys per scope per `per`.
     pub fn new_keys_per_scope(mut self, keys: u32, per: Duration) -> Self {
-        self.new_keys_per_scope = Some(super::ScopeLimit { keys, per });
+        self.new_keys_per_scope = Some(super::limit::ScopeLimit { keys, per });
         self
     }
 }
@@ -312,7 +312,7 @@ mod tests {
         let refused = at(6).check().unwrap_err();
         assert_eq!(
             refused,
-            super::super::ConfigError::LeaseTooShort {
+            super::super::config_error::ConfigError::LeaseTooShort {
                 lease: Duration::from_secs(6),
                 store_timeout: Duration::from_secs(5)
             }

@@ -2,7 +2,7 @@
 //! not built.
 
 use super::config::{ClaimMode, EngineConfig};
-use crate::IdempotencyStore;
+use crate::store::IdempotencyStore;
 use std::time::Duration;
 
 /// Why [`Engine::new`](crate::Engine::new) (and every builder over it: the HTTP layer's

@@ -3,17 +3,21 @@
 //! storing a response outside one, now or in the background).
 
 use super::admission::{Admitted, Place};
-use super::heartbeat::Registration;
+use super::heartbeat_schedule::Registration;
 use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
 use super::limit::Charge;
 use super::opener::TxOpener;
 use super::retry::spawn_release;
 use super::shared::Shared;
+use crate::engine::config::ReplayPolicy;
+use crate::error::ErrorChain;
+use crate::fingerprint::Fingerprint;
+use crate::response::StoredResponse;
+use crate::store::IdempotencyStore;
 use crate::store::StoreOp;
 use crate::store::StoreTransaction;
 use crate::transaction::{Taken, TransactionSlot};
-use crate::{ErrorChain, Fingerprint, IdempotencyStore, ReplayPolicy, StoredResponse};
 use http::StatusCode;
 use std::fmt;
 use std::sync::Arc;
@@ -198,7 +202,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     /// [`Guard::complete`] without the replay policy: `response` is stored whatever its status
-    /// ([`Engine::once`](crate::Engine::once) stores values, not HTTP responses).
+    /// (`Engine::once` stores values, not HTTP responses).
     /// `warn_unused`: warn when a one-transaction request never took its transaction (an HTTP
     /// handler that forgot it); a job's work may legitimately decide without writing.
     pub(crate) async fn store_outcome(

@@ -1,7 +1,9 @@
 //! The claim a running request holds, as its handler sees it.
 
 use crate::derived_key::DerivedKey;
-use crate::{IdempotencyKey, LeaseToken, Scope};
+use crate::key::IdempotencyKey;
+use crate::record::LeaseToken;
+use crate::scope::Scope;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! without bound (a PostgreSQL table, a Redis instance up to `maxmemory`, after which every
 //! caller's claims fail) by flooding it with new keys.
 
-use crate::Scope;
+use crate::scope::Scope;
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

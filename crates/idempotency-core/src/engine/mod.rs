@@ -4,7 +4,8 @@
 //! - `config.rs`: [`EngineConfig`] and [`ReplayPolicy`];
 //! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
 //!   stored (in the request's transaction when the store offers one);
-//! - `key_claim.rs`: the [`KeyClaim`] a handler sees; `heartbeat.rs`: what keeps it from running out;
+//! - `key_claim.rs`: the [`KeyClaim`] a handler sees; `heartbeat.rs`: what keeps it from running out
+//!   (`heartbeat_schedule.rs`: the requests waiting for their first heartbeat);
 //! - `opener.rs`: opening the request's transaction on a transactional store;
 //! - `shared.rs`: what every guard and background task of one engine shares, and its bounded,
 //!   timed store calls;
@@ -16,22 +17,23 @@
 //!   what became of a key.
 
 mod admission;
-mod completion;
-mod config;
-mod config_error;
-mod guard;
+pub(crate) mod completion;
+pub(crate) mod config;
+pub(crate) mod config_error;
+pub(crate) mod guard;
 mod heartbeat;
+mod heartbeat_schedule;
 pub(crate) mod in_flight;
-mod key_claim;
-mod limit;
+pub(crate) mod key_claim;
+pub(crate) mod limit;
 mod one_transaction;
 mod opener;
 mod pending;
 pub mod protocol;
-mod replayed;
+pub(crate) mod replayed;
 mod retry;
 mod shared;
-mod status;
+pub(crate) mod status;
 mod store_metrics;
 mod timer;
 mod wait;
@@ -45,9 +47,14 @@ pub use limit::ScopeLimit;
 pub use replayed::Replayed;
 pub use status::KeyStatus;
 
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::record::LeaseToken;
+use crate::scope::Scope;
 use crate::store::ClaimOutcome;
+use crate::store::IdempotencyStore;
 use crate::store::StoreOp;
-use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use pending::PendingClaim;
 use protocol::{Judged, judge};
 use shared::Shared;
@@ -159,7 +166,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         });
         Ok(Engine {
             shared: Arc::new(Shared {
-                heartbeats: Arc::new(heartbeat::Schedule::new(config.lease)),
+                heartbeats: Arc::new(heartbeat_schedule::Schedule::new(config.lease)),
                 metrics,
                 in_flight: in_flight::InFlightGauges::announce(store.backend()),
                 limiter: config.new_keys_per_scope.map(limit::ScopeLimiter::new),
@@ -290,7 +297,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                     return match wait.seen_running() {
                         Some(retry_after) => {
                             tracing::debug!(
-                                error = %crate::ErrorChain(&error),
+                                error = %crate::error::ErrorChain(&error),
                                 "the store failed while waiting for a running duplicate; answering in flight"
                             );
                             Ok(Begin::InFlight { retry_after })

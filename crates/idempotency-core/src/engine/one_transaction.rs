@@ -1,21 +1,24 @@
 //! [`Engine::begin`] in [`ClaimMode::OneTransaction`]: the key's lookup opens the request's
 //! transaction, and nothing is written before the handler's own writes.
 
-use super::Engine;
 use super::admission::Admitted;
-use super::protocol::{Judged, judge};
+use super::config::ClaimMode;
+use super::guard::Guard;
+use super::key_claim::KeyClaim;
+use super::protocol::{Judged, TRANSACTION_RETRY_AFTER, judge};
 use super::wait::{Next, WaitForKey};
-use crate::engine::{Begin, ClaimMode, Guard, KeyClaim};
+use super::{Begin, Engine};
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::record::LeaseToken;
+use crate::scope::Scope;
+use crate::store::IdempotencyStore;
 use crate::store::StoreOp;
 use crate::store::{OneTransactionBegin, Record};
-use crate::{Fingerprint, IdempotencyKey, IdempotencyStore, LeaseToken, Scope, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
-/// that request holds no lease whose end could be told, and such handlers take milliseconds.
-pub(super) const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The length given to the [`KeyClaim`] of a request in the one-transaction mode: its key is held
 /// by its open transaction, which has no end but its own, so the lease never runs out.

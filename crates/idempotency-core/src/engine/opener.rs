@@ -3,9 +3,10 @@
 use super::admission::Place;
 use super::key_claim::KeyClaim;
 use super::shared::Shared;
+use crate::error::StoreError;
+use crate::store::IdempotencyStore;
 use crate::store::StoreOp;
 use crate::transaction::{OpenFuture, Opener, TransactionError};
-use crate::{IdempotencyStore, StoreError};
 use std::sync::Arc;
 
 /// Opens a claim's transaction on first use.

@@ -1,10 +1,14 @@
 //! A claim sent to the store whose answer the request has not taken yet, released in the
 //! background if `begin` ends without one.
 
+use super::guard::Guard;
 use super::key_claim::KeyClaim;
 use super::retry::spawn_release;
-use super::{Guard, Shared};
-use crate::{IdempotencyKey, IdempotencyStore, LeaseToken, Scope};
+use super::shared::Shared;
+use crate::key::IdempotencyKey;
+use crate::record::LeaseToken;
+use crate::scope::Scope;
+use crate::store::IdempotencyStore;
 use std::sync::Arc;
 use tokio::time::Instant;
 

@@ -36,10 +36,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::{Completion, Replayed, RollbackCause, Superseded};
+use super::completion::{Completion, RollbackCause, Superseded};
+use super::replayed::Replayed;
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
 use crate::store::{FenceOutcome, Record, RecordState};
-use crate::{Fingerprint, StoreError};
 use std::time::Duration;
+
+/// The `Retry-After` hint for a duplicate of a request running in the one-transaction mode:
+/// that request holds no lease whose end could be told, and such handlers take milliseconds.
+pub(crate) const TRANSACTION_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What a live record means for a request with a given fingerprint ([`judge`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! A stored answer, as a duplicate gets it: the response and when its key was first answered
 //! and expires.
 
-use crate::StoredResponse;
+use crate::response::StoredResponse;
 use std::ops::Deref;
 use std::time::{Duration, SystemTime};
 

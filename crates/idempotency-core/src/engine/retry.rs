@@ -3,8 +3,9 @@
 
 use super::key_claim::KeyClaim;
 use super::shared::Shared;
+use crate::error::{ErrorChain, StoreError};
 use crate::store::FenceOutcome;
-use crate::{ErrorChain, IdempotencyStore, StoreError};
+use crate::store::IdempotencyStore;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 
 use super::admission::Admission;
 use super::config::EngineConfig;
-use super::heartbeat::Schedule;
+use super::heartbeat_schedule::Schedule;
 use super::in_flight::InFlightGauges;
 use super::key_claim::KeyClaim;
 use super::limit::ScopeLimiter;
@@ -54,7 +54,11 @@ impl<S: IdempotencyStore> Shared<S> {
     /// A duplicate of the running request of `(scope, key)` waits on this process: on a store
     /// that hears of other processes' settles, it asks to hear of this key's (one bounded store
     /// call). A failure costs only the wake, so it is logged and the duplicate polls.
-    pub(crate) async fn watch_settle(&self, scope: &crate::Scope, key: &crate::IdempotencyKey) {
+    pub(crate) async fn watch_settle(
+        &self,
+        scope: &crate::scope::Scope,
+        key: &crate::key::IdempotencyKey,
+    ) {
         if self.store.settled_keys().is_none() {
             return;
         }
@@ -63,7 +67,7 @@ impl<S: IdempotencyStore> Shared<S> {
             .await
         {
             tracing::debug!(
-                error = %crate::ErrorChain(&error),
+                error = %crate::error::ErrorChain(&error),
                 "could not ask to hear of a running key's settle; its waiting duplicate polls"
             );
         }
@@ -77,8 +81,8 @@ impl<S: IdempotencyStore> Shared<S> {
     pub(crate) async fn watch_transaction(
         &self,
         store: &dyn crate::store::TransactionalStore,
-        scope: &crate::Scope,
-        key: &crate::IdempotencyKey,
+        scope: &crate::scope::Scope,
+        key: &crate::key::IdempotencyKey,
     ) {
         if self.store.settled_keys().is_none() {
             return;
@@ -88,7 +92,7 @@ impl<S: IdempotencyStore> Shared<S> {
             .await
         {
             tracing::debug!(
-                error = %crate::ErrorChain(&error),
+                error = %crate::error::ErrorChain(&error),
                 "could not send a running key's watch; its waiting duplicate polls"
             );
         }

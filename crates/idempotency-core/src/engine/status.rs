@@ -1,10 +1,13 @@
 //! [`Engine::status`]: what became of a key, without sending its request again.
 
 use super::Engine;
-use super::one_transaction::TRANSACTION_RETRY_AFTER;
+use super::protocol::TRANSACTION_RETRY_AFTER;
 use super::replayed::{answered_ago, dates};
+use crate::error::StoreError;
+use crate::key::IdempotencyKey;
+use crate::scope::Scope;
+use crate::store::IdempotencyStore;
 use crate::store::{RecordState, StoreOp};
-use crate::{IdempotencyKey, IdempotencyStore, Scope, StoreError};
 use http::StatusCode;
 use std::time::{Duration, SystemTime};
 

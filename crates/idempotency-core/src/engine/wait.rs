@@ -9,7 +9,8 @@
 //! request settled by another process.
 
 use super::waiters::{Waiters, Waiting};
-use crate::{IdempotencyKey, Scope};
+use crate::key::IdempotencyKey;
+use crate::scope::Scope;
 use std::pin::Pin;
 use std::time::Duration;
 use tokio::sync::futures::OwnedNotified;

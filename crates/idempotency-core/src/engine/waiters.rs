@@ -11,9 +11,10 @@
 //! [`EngineConfig::max_waiters_per_key`]: crate::EngineConfig#structfield.max_waiters_per_key
 //! [`EngineConfig::max_waiters`]: crate::EngineConfig#structfield.max_waiters
 
+use crate::key::IdempotencyKey;
+use crate::scope::Scope;
 use crate::store::wake_id;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
-use crate::{IdempotencyKey, Scope};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, PoisonError};

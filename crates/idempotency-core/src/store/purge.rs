@@ -53,7 +53,7 @@ pub async fn purge_periodically<S: IdempotencyStore + ?Sized>(
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(backend = store.backend(), error = %crate::ErrorChain(&error), "purge of expired idempotency records failed");
+                    tracing::warn!(backend = store.backend(), error = %crate::error::ErrorChain(&error), "purge of expired idempotency records failed");
                     failed = true;
                     break;
                 }
@@ -101,7 +101,7 @@ mod tests {
             purges: std::sync::Mutex::new(vec![
                 Ok(10),
                 Ok(3),
-                Err(crate::StoreError::Unavailable {
+                Err(crate::error::StoreError::Unavailable {
                     backend: "probe",
                     source: "down".into(),
                 }),

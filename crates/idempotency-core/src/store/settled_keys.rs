@@ -20,7 +20,11 @@
 //! ([`SettledKeys::take_waited_for`]). A watch heard after that commit was sent is simply kept
 //! until it ages out, and its duplicate polls.
 
-use crate::{IdempotencyKey, Scope, StoreError};
+use crate::key::IdempotencyKey;
+
+use crate::scope::Scope;
+
+use crate::error::StoreError;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;

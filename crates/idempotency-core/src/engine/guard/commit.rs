@@ -6,8 +6,10 @@
 use super::{Completion, Guard, RollbackCause, Superseded};
 use crate::engine::protocol::{self, Judged, judge};
 use crate::engine::retry::spawn_release;
+use crate::error::ErrorChain;
+use crate::response::StoredResponse;
+use crate::store::IdempotencyStore;
 use crate::store::{CommitOutcome, DiscardOutcome, Record, StoreOp, StoreTransaction};
-use crate::{ErrorChain, IdempotencyStore, StoredResponse};
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {

@@ -1,7 +1,7 @@
 //! How a guard holds its key: the one thing about a request that differs by claim mode, asked
 //! by every file of the guard.
 
-use crate::Fingerprint;
+use crate::fingerprint::Fingerprint;
 use crate::store::{LookupSignal, StoreTransaction};
 
 /// How a guard holds its key, one variant per claim mode.

@@ -4,8 +4,10 @@
 
 use super::{Completion, Guard, RollbackCause};
 use crate::engine::retry::spawn_release;
+use crate::error::{ErrorChain, StoreError};
+use crate::response::StoredResponse;
+use crate::store::IdempotencyStore;
 use crate::store::{ClaimOutcome, StoreOp};
-use crate::{ErrorChain, IdempotencyStore, StoreError, StoredResponse};
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {

@@ -4,9 +4,10 @@
 
 use super::hold::Hold;
 use super::{Completion, Guard, RollbackCause, Superseded};
-use crate::engine::one_transaction::TRANSACTION_RETRY_AFTER;
+use crate::engine::protocol::TRANSACTION_RETRY_AFTER;
+use crate::error::ErrorChain;
+use crate::store::IdempotencyStore;
 use crate::store::{Settled, StoreOp, StoreTransaction};
-use crate::{ErrorChain, IdempotencyStore};
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// In the speculative one-transaction mode, while the key's lookup is on its way: a future

@@ -4,8 +4,10 @@
 use super::{Completion, Guard};
 use crate::engine::protocol;
 use crate::engine::retry::retry_until;
+use crate::error::ErrorChain;
+use crate::response::StoredResponse;
 use crate::store::FenceOutcome;
-use crate::{ErrorChain, IdempotencyStore, StoredResponse};
+use crate::store::IdempotencyStore;
 use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::LeaseToken;
+use crate::record::LeaseToken;
 use crate::test_store::scope_and_key;
 
 fn check(test: impl Fn() + Sync + Send + 'static) {
