@@ -21,9 +21,10 @@ mod transaction;
 
 pub use derived_key::DerivedKey;
 pub use engine::protocol;
+pub use engine::status::KeyStatus;
 pub use engine::{
     Begin, ClaimMode, Completion, ConfigError, Drain, Engine, EngineConfig, Guard, KeyClaim,
-    KeyStatus, ReplayPolicy, Replayed, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
+    ReplayPolicy, Replayed, RollbackCause, ScopeLimit, Superseded, TransactionAdmission,
 };
 pub use error::{BoxError, ErrorChain, StoreError};
 pub use fingerprint::{

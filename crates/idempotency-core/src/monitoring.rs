@@ -59,12 +59,11 @@ pub const STORE_DURATION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The name of the store-latency histogram, as the engine records it.
-pub const STORE_DURATION_METRIC: &str = "idempotency_store_duration_seconds";
-
+pub use crate::engine::admission::{ADMISSION_TIMEOUTS_METRIC, TRANSACTIONS_ADMITTED_METRIC};
 pub use crate::engine::in_flight::{
     ENGINE_LABEL, KEYS_IN_FLIGHT_METRIC, OLDEST_KEY_IN_FLIGHT_METRIC,
 };
+pub use crate::engine::store_metrics::STORE_DURATION_METRIC;
 pub use crate::engine::waiters::{WAITERS_REFUSED_METRIC, WAITING_DUPLICATES_METRIC};
 
 /// Gauge, by `backend`: the records the store holds ([`record_footprint`]).
@@ -87,16 +86,6 @@ pub const POOL_CONNECTIONS_METRIC: &str = "idempotency_store_pool_connections";
 
 /// Gauge, by `backend`: calls waiting for one of the store's connections ([`record_pool`]).
 pub const POOL_WAITING_METRIC: &str = "idempotency_store_pool_waiting";
-
-/// Gauge, by `backend`: how many request transactions the engine admits at once on a store
-/// whose transactions hold pooled connections
-/// ([`TransactionAdmission::Adaptive`](crate::TransactionAdmission::Adaptive)); at the pool
-/// without contention, toward 1 on hot rows. Set when it moves.
-pub const TRANSACTIONS_ADMITTED_METRIC: &str = "idempotency_transactions_admitted_limit";
-
-/// Counter, by `backend`: requests that waited the store timeout for a place among the
-/// admitted transactions and got none (answered `503 store-busy`).
-pub const ADMISSION_TIMEOUTS_METRIC: &str = "idempotency_transaction_admission_timeouts_total";
 
 /// Sets the pool gauges from what `store` says of its pool ([`IdempotencyStore::pool_status`]),
 /// from memory: call it where a scrape is answered. A store without a pool sets none.

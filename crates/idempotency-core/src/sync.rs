@@ -2,7 +2,7 @@
 //! and of its heartbeat schedule: the standard library's, or [loom](https://docs.rs/loom)'s when
 //! the schedule checker runs (`--cfg idempotency_loom`, see `scripts/loom`), which then explores
 //! every interleaving of them (`engine/waiters.rs`, `engine/in_flight.rs`,
-//! `engine/heartbeat.rs`).
+//! `engine/heartbeat_schedule.rs`).
 
 #[cfg(idempotency_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +23,7 @@ pub(crate) static SEEDED_RACE: std::sync::atomic::AtomicBool =
 /// Under the schedule checker only: a race seeded into the heartbeat schedule on purpose (a
 /// finished request's registration removed by its slot alone, not by its sequence number, so a
 /// slot the driver emptied and another request took is emptied again), to show that the checker
-/// finds it (`engine/heartbeat/loom_tests.rs`).
+/// finds it (`engine/heartbeat_schedule/loom_tests.rs`).
 #[cfg(idempotency_loom)]
 pub(crate) static SEEDED_SLOT_RACE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);

@@ -13,8 +13,8 @@
 
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
+use crate::record::Record;
 use crate::response::StoredResponse;
-use crate::store::Record;
 use std::any::Any;
 use std::fmt;
 use std::time::Duration;

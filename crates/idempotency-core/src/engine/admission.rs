@@ -18,13 +18,22 @@
 //! and probes less often, at jittered times, while neither moves it. A request that finds the limit reached waits for a place up to the store
 //! timeout (`503 store-busy` after), and a replay never takes one.
 
-use crate::monitoring::{ADMISSION_TIMEOUTS_METRIC, TRANSACTIONS_ADMITTED_METRIC};
 use climb::Climb;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 mod climb;
+
+/// Gauge, by `backend`: how many request transactions the engine admits at once on a store
+/// whose transactions hold pooled connections
+/// ([`TransactionAdmission::Adaptive`](crate::TransactionAdmission::Adaptive)); at the pool
+/// without contention, toward 1 on hot rows. Set when it moves.
+pub const TRANSACTIONS_ADMITTED_METRIC: &str = "idempotency_transactions_admitted_limit";
+
+/// Counter, by `backend`: requests that waited the store timeout for a place among the
+/// admitted transactions and got none (answered `503 store-busy`).
+pub const ADMISSION_TIMEOUTS_METRIC: &str = "idempotency_transaction_admission_timeouts_total";
 
 /// The fewest transactions admitted at once.
 pub(crate) const MIN_LIMIT: usize = 1;

@@ -16,7 +16,7 @@
 //! - `replayed.rs`: a stored answer as a duplicate gets it; `status.rs`: [`Engine::status`],
 //!   what became of a key.
 
-mod admission;
+pub(crate) mod admission;
 pub(crate) mod completion;
 pub(crate) mod config;
 pub(crate) mod config_error;
@@ -34,7 +34,7 @@ pub(crate) mod replayed;
 mod retry;
 mod shared;
 pub(crate) mod status;
-mod store_metrics;
+pub(crate) mod store_metrics;
 mod timer;
 mod wait;
 pub(crate) mod waiters;
@@ -45,7 +45,6 @@ pub use guard::{Completion, Guard, RollbackCause, Superseded};
 pub use key_claim::KeyClaim;
 pub use limit::ScopeLimit;
 pub use replayed::Replayed;
-pub use status::KeyStatus;
 
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;

@@ -12,7 +12,10 @@ use metrics::{Key, Label, Level, Metadata};
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-const DURATION: &str = crate::monitoring::STORE_DURATION_METRIC;
+/// The name of the store-latency histogram, as the engine records it.
+pub const STORE_DURATION_METRIC: &str = "idempotency_store_duration_seconds";
+
+const DURATION: &str = STORE_DURATION_METRIC;
 const ERRORS: &str = "idempotency_store_errors_total";
 
 /// The keys of `idempotency_store_duration_seconds` and `idempotency_store_errors_total` for
