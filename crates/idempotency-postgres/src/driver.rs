@@ -1,8 +1,8 @@
 //! What the store needs of a PostgreSQL driver: run one of its statements on a pooled
 //! connection, open a transaction with a statement, finish one with a statement and `COMMIT`.
 //! The store's operations and its transactions are written once over this
-//! ([`crate::primitives`], [`crate::open_transaction`]); `tokio_store/` (tokio-postgres and
-//! deadpool) and `sqlx_store/` implement it. Nothing here depends on the modules above it.
+//! ([`crate::primitives`], [`crate::open_transaction`]); `tokio_driver/` (tokio-postgres and
+//! deadpool) and `sqlx_driver/` implement it. Nothing here depends on the modules above it.
 //!
 //! [`Driver`] is the public, sealed name of a driver (`PostgresStore<D: Driver>`); what a
 //! driver does is [`DriverOps`], which only this crate can name or implement.

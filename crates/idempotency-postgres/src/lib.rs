@@ -30,8 +30,8 @@
 //! # Files, top-down
 //! - the store: `store.rs` (`PostgresStore<D>` and the store trait), `builder.rs` (the settings
 //!   both drivers share), `open_transaction.rs` (the handler's `PostgresTransaction<D>`: its writes
-//!   and its response in one transaction, every claim mode; `open_transaction/one_transaction.rs`: the
-//!   one-transaction modes), `tokio_store.rs` and `sqlx_store.rs` (what one driver alone
+//!   and its response in one transaction; each claim mode's steps in a file of its own under
+//!   `open_transaction/`: `lease.rs`, `one_transaction.rs`, `speculative.rs`), `tokio_store.rs` and `sqlx_store.rs` (what one driver alone
 //!   offers: builders, its pool, the transaction's connection);
 //! - written once over a driver: `primitives.rs` (the six store steps), `migrate.rs`,
 //!   `status.rs`, `table.rs` (settings, rendered statements);

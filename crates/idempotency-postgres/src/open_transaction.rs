@@ -1,10 +1,13 @@
-//! A request's transaction, written once over a [`Driver`]: opening it in the lease mode (a
-//! check of the claim) or in the one-transaction modes (the key's lookup and lock:
-//! `open_transaction/one_transaction.rs`), and committing it with the stored response; the handler's
-//! [`PostgresTransaction<D>`](PostgresTransaction), and the store's `TransactionalStore`. Each driver's
-//! `Deref` to its connection is in `tokio_store.rs` / `sqlx_store.rs`.
+//! A request's transaction, written once over a [`Driver`]: what every claim mode shares (the
+//! connection, the key, the transaction's id, its rollback, the server's word on a transaction
+//! the handler ended), the one dispatch on the mode's [`Hold`], the handler's
+//! [`PostgresTransaction<D>`](PostgresTransaction), and the store's `TransactionalStore`
+//! (`open_transaction/transactional_store.rs`). Each claim mode's begin, completion and discard
+//! are in a file of its own: `open_transaction/lease.rs`, `open_transaction/one_transaction.rs`,
+//! `open_transaction/speculative.rs`. Each driver's `Deref` to its connection is in
+//! `tokio_store.rs` / `sqlx_store.rs`.
 
-use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, PendingRows};
+use crate::driver::{Driver, DriverError, DriverRow, Param, PendingRows};
 use crate::error::BACKEND;
 use crate::flavour::defaults_to_tokio_postgres;
 use crate::primitives::StoreCore;
@@ -18,10 +21,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod lease;
 mod one_transaction;
+mod speculative;
 mod transactional_store;
 
 use one_transaction::AtCommit;
+use speculative::unsettled;
 
 /// A transaction the store opened for one request.
 pub(crate) struct OpenTransaction<D: Driver> {
@@ -172,74 +178,7 @@ impl<D: Driver> OpenTransaction<D> {
         match self.hold {
             Hold::Lock(at_commit) => self.discard_and_store(at_commit, response, retention).await,
             Hold::PendingLookup { .. } => Err(unsettled()),
-            Hold::Claim => {
-                // A rollback that fails ends the transaction with its connection, uncommitted:
-                // the claim's answer is still to be stored.
-                if let Err(error) = self.rollback().await {
-                    tracing::warn!(
-                        backend = BACKEND,
-                        error = %idempotency_core::ErrorChain(&error),
-                        "could not roll back the discarded transaction; it ends with its connection"
-                    );
-                }
-                Ok(DiscardOutcome::RolledBack)
-            }
-        }
-    }
-
-    /// Lease mode: completes the claim's record (fenced by token, lease and mark) and commits.
-    async fn update_and_commit(
-        &mut self,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<CommitOutcome, StoreError> {
-        let tx = self.take()?;
-        let encoded = response.encode();
-        let params = [
-            Param::Text(self.scope.as_str()),
-            Param::Text(self.key.as_str()),
-            Param::Uuid(self.token.as_uuid()),
-            Param::Int4(i32::from(response.status().as_u16())),
-            Param::Bytes(&encoded[..]),
-            Param::Float8(retention.as_secs_f64()),
-        ];
-        let statements = &self.core.table.statements;
-        let (completed, committed) = self
-            .core
-            .driver
-            .commit_with(tx, &statements.tx_complete, &params)
-            .await;
-        match completed {
-            Ok(1) => committed
-                .map(|()| CommitOutcome::Committed)
-                .map_err(commit_error),
-            Ok(rows) => Err(StoreError::corrupt(
-                BACKEND,
-                CorruptRecord::Field(if rows == 0 {
-                    "the completion returned no row"
-                } else {
-                    "the completion returned several rows"
-                }),
-            )),
-            // Refused: does the token still hold a live claim (then the handler ended the
-            // store's transaction) or not (the lease was lost)?
-            Err(error) if error.is(DIVISION_BY_ZERO) => {
-                let rows = self
-                    .core
-                    .driver
-                    .query(&statements.tx_diagnose, &params[..3])
-                    .await?;
-                let still_ours = match rows.first() {
-                    Some(row) => row.opt_bool(0)? == Some(true),
-                    None => false,
-                };
-                if still_ours {
-                    self.ended_by_handler().await
-                } else {
-                    Ok(CommitOutcome::LeaseLost)
-                }
-            }
-            Err(error) => Err(commit_error(error)),
+            Hold::Claim => Ok(self.discard_for_claim().await),
         }
     }
 
@@ -267,15 +206,6 @@ impl<D: Driver> OpenTransaction<D> {
     }
 }
 
-/// A completion asked of a speculative transaction whose lookup `settle` did not settle: a
-/// defect of the store's own code, reported rather than written.
-fn unsettled() -> StoreError {
-    StoreError::corrupt(
-        BACKEND,
-        CorruptRecord::Field("the key's lookup was not settled before the completion"),
-    )
-}
-
 /// A failure of the pipelined completion and `COMMIT`, as the store error that says whether the
 /// commit may have happened (see
 /// [`StoreTransaction::complete_and_commit`](idempotency_core::store::StoreTransaction::complete_and_commit)):
@@ -301,39 +231,6 @@ fn idle_limit_ms(hold: Duration) -> i64 {
     i64::try_from(hold.as_millis())
         .unwrap_or(i64::MAX)
         .clamp(1, i64::from(i32::MAX))
-}
-
-impl<D: Driver> StoreCore<D> {
-    /// Lease mode: begins a transaction and checks, inside it, that `token` still holds a live
-    /// claim on `(scope, key)`; `None` (nothing left open) when it does not.
-    pub(crate) async fn begin_transaction(
-        self: &Arc<Self>,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        token: LeaseToken,
-        hold: Duration,
-    ) -> Result<Option<OpenTransaction<D>>, StoreError> {
-        let params = [
-            Param::Text(scope.as_str()),
-            Param::Text(key.as_str()),
-            Param::Uuid(token.as_uuid()),
-            Param::Int8(idle_limit_ms(hold)),
-        ];
-        let (tx, rows) = self
-            .driver
-            .begin_with(&self.table.statements.tx_check, &params)
-            .await?;
-        let Some(row) = rows.first() else {
-            tracing::debug!(
-                backend = BACKEND,
-                "the claim was lost before its transaction opened"
-            );
-            self.driver.rollback(tx).await?;
-            return Ok(None);
-        };
-        let xid = row.int8(1)?;
-        Ok(Some(OpenTransaction::new(self, tx, scope, key, token, xid)))
-    }
 }
 
 defaults_to_tokio_postgres! {

@@ -1,6 +1,6 @@
 //! The few statements the store's setup runs (migrations, the writer check, the state
 //! sentinel), over either driver. Setup is not on the hot path: its statements take and return
-//! text, so one small trait covers both drivers (`tokio_store/session.rs`, `sqlx_store/session.rs`),
+//! text, so one small trait covers both drivers (`tokio_driver/session.rs`, `sqlx_driver/session.rs`),
 //! and the policy that uses them is written once.
 
 use crate::error::PostgresStoreError;

@@ -1,16 +1,16 @@
-//! The one-transaction modes' side of a request's transaction: the key's lookup at `BEGIN`
-//! (waited for, or queued and settled later in the speculative mode), and the completed
-//! record inserted with `COMMIT`.
+//! The one-transaction mode's side of a request's transaction: the key's lookup and lock at
+//! `BEGIN`, waited for; the completed record inserted with `COMMIT`; a refusal stored while the
+//! lock still holds the key. The speculative mode (`speculative.rs`) begins and settles its own
+//! way, then completes and discards here.
 
 use super::{Hold, OpenTransaction, PostgresTransaction, commit_error, idle_limit_ms};
 use crate::driver::{
-    DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
+    DIVISION_BY_ZERO, Driver, DriverRow, Param, UNIQUE_VIOLATION, record_from_row,
 };
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
-use idempotency_core::store::Settled;
 use idempotency_core::store::{
-    CommitOutcome, CorruptRecord, DiscardOutcome, LookupSignal, OneTransactionBegin, Record,
+    CommitOutcome, CorruptRecord, DiscardOutcome, OneTransactionBegin, Record,
 };
 use idempotency_core::{
     Fingerprint, IdempotencyKey, LeaseToken, Scope, StoreError, StoredResponse,
@@ -49,67 +49,6 @@ impl<D: Driver> Begun<D> {
 }
 
 impl<D: Driver> OpenTransaction<D> {
-    /// Speculative mode: waits for the key's lookup (see
-    /// [`StoreTransaction::settle`](idempotency_core::store::StoreTransaction::settle)). A lookup
-    /// that found the key taken aborted the transaction: it is rolled back, and the key's
-    /// record read on another connection (none live: a duplicate's transaction is open).
-    pub(crate) async fn settle(&mut self) -> Result<Settled, StoreError> {
-        let (at_commit, lookup) = match std::mem::replace(&mut self.hold, Hold::Claim) {
-            Hold::PendingLookup {
-                at_commit, lookup, ..
-            } => (at_commit, lookup),
-            settled => {
-                self.hold = settled;
-                return Ok(Settled::Proceed);
-            }
-        };
-        // Whatever the answer, the lookup is read: the transaction holds the key's lock (or
-        // ends below).
-        self.hold = Hold::Lock(at_commit);
-        let answer = lookup.await.unwrap_or_else(|_| {
-            Err(DriverError {
-                sqlstate: None,
-                error: StoreError::from_failure(
-                    BACKEND,
-                    true,
-                    "the key's lookup ended without an answer",
-                ),
-            })
-        });
-        match answer {
-            Ok(rows) => {
-                let Some(row) = rows.first() else {
-                    self.rollback().await?;
-                    return Err(StoreError::corrupt(
-                        BACKEND,
-                        CorruptRecord::Field("the key's lookup returned no row"),
-                    ));
-                };
-                let began = row.float8(0)?;
-                let takeover = row.bool(1)?;
-                self.xid = row.int8(2)?;
-                if let Hold::Lock(at_commit) = &mut self.hold {
-                    at_commit.began = began;
-                    at_commit.takeover = takeover;
-                }
-                Ok(Settled::Proceed)
-            }
-            Err(error) if error.is(DIVISION_BY_ZERO) => {
-                // Read on the connection the transaction held, behind its ROLLBACK: a replay
-                // needs no second connection, and does not queue for the pool behind the
-                // writers that hold it.
-                Ok(match self.rollback_and_get().await? {
-                    Some(record) => Settled::Existing(record),
-                    None => Settled::Busy,
-                })
-            }
-            Err(error) => {
-                self.rollback().await?;
-                Err(error.into())
-            }
-        }
-    }
-
     /// One-transaction mode: inserts the completed record and commits.
     pub(super) async fn insert_and_commit(
         &mut self,
@@ -169,21 +108,6 @@ impl<D: Driver> OpenTransaction<D> {
 }
 
 impl<D: Driver> OpenTransaction<D> {
-    /// Rolls the transaction back and reads the key's live record on its connection.
-    async fn rollback_and_get(&mut self) -> Result<Option<Record>, StoreError> {
-        self.hold.forget_lookup();
-        let tx = self.take()?;
-        let params = [
-            Param::Text(self.scope.as_str()),
-            Param::Text(self.key.as_str()),
-        ];
-        let get = &self.core.table.statements.get;
-        let (rolled_back, rows) = self.core.driver.rollback_and_query(tx, get, &params).await;
-        rolled_back?;
-        let rows = rows?;
-        rows.first().map(|row| record_from_row(row, 0)).transpose()
-    }
-
     /// One-transaction modes: stores `response` as the key's record without the handler's
     /// writes, on another connection while this transaction still holds the key's lock, then
     /// rolls back (see
@@ -282,50 +206,6 @@ impl<D: Driver> StoreCore<D> {
                 began,
             }),
             ..OpenTransaction::new(self, tx, scope, key, token, xid)
-        }))
-    }
-
-    /// Speculative one-transaction mode (see
-    /// [`TransactionalStore::begin_one_transaction_speculative`](idempotency_core::store::TransactionalStore::begin_one_transaction_speculative)):
-    /// `BEGIN` and the aborting lookup are queued, and the transaction handed out at once. On
-    /// a driver that cannot queue them, [`StoreCore::begin_one_transaction`].
-    pub(crate) async fn begin_one_transaction_speculative(
-        self: &Arc<Self>,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        token: LeaseToken,
-        hold: Duration,
-    ) -> Result<Begun<D>, StoreError> {
-        if !self.driver.queues_statements() {
-            return self
-                .begin_one_transaction(scope, key, fingerprint, token, hold)
-                .await;
-        }
-        let statements = &self.table.statements;
-        let params = [
-            Param::Text(scope.as_str()),
-            Param::Text(key.as_str()),
-            Param::Int8(idle_limit_ms(hold)),
-            Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
-        ];
-        let (answered, signal) = LookupSignal::new();
-        let (tx, lookup) = self
-            .driver
-            .begin_queued(&statements.speculative_lookup, &params, answered)
-            .await?;
-        // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
-        Ok(Begun::Absent(OpenTransaction {
-            hold: Hold::PendingLookup {
-                at_commit: AtCommit {
-                    fingerprint: *fingerprint,
-                    takeover: false,
-                    began: 0.0,
-                },
-                lookup,
-                signal,
-            },
-            ..OpenTransaction::new(self, tx, scope, key, token, 0)
         }))
     }
 }
