@@ -1,6 +1,8 @@
 //! The protocol engine: the one place where the idempotency policy lives.
 //!
-//! - `mod.rs`: [`Engine::begin`], which claims a key and decides what a request does;
+//! - `mod.rs`: [`Engine::begin`], which dispatches once on the claim mode: `lease.rs` (a claim
+//!   record written first) or `one_transaction.rs` (the key's lookup opens the request's
+//!   transaction, waited for or, in the speculative mode, settled later by the guard);
 //! - `config.rs`: [`EngineConfig`] and [`ReplayPolicy`];
 //! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
 //!   stored (in the request's transaction when the store offers one);
@@ -25,6 +27,7 @@ mod heartbeat;
 mod heartbeat_schedule;
 pub(crate) mod in_flight;
 pub(crate) mod key_claim;
+mod lease;
 pub(crate) mod limit;
 mod one_transaction;
 mod opener;
@@ -49,20 +52,13 @@ pub use replayed::Replayed;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::record::LeaseToken;
 use crate::scope::Scope;
-use crate::store::ClaimOutcome;
 use crate::store::IdempotencyStore;
-use crate::store::StoreOp;
-use pending::PendingClaim;
-use protocol::{Judged, judge};
 use shared::Shared;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
-use wait::{FIRST_POLL, Next, WaitForKey};
 
 /// What to do with a request, as decided by [`Engine::begin`].
 #[must_use]
@@ -247,96 +243,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             // carry it (one allocation in a mode whose request waits for the database anyway).
             return Box::pin(self.begin_in_transaction(scope, key, fingerprint)).await;
         }
-        let config = &self.shared.config;
-        let started = Instant::now();
-        let mut pending = PendingClaim {
-            shared: &self.shared,
-            claim: Some((scope, key, LeaseToken::new())),
-            sent_at: started,
-            in_doubt: false,
-        };
-        let mut wait = WaitForKey::new(&self.shared.waiters, started, config.in_flight_wait);
-        loop {
-            let Some((scope, key, token)) = pending.claim.as_ref() else {
-                unreachable!("the pending claim is only taken when begin returns")
-            };
-            let woken = wait.arm();
-            if wait.seen_running().is_some() {
-                // A claim sent again after waiting.
-                pending.sent_at = Instant::now();
-            }
-            pending.in_doubt = true;
-            let outcome = self
-                .shared
-                .call(
-                    StoreOp::Claim,
-                    self.shared
-                        .store
-                        .claim(scope, key, &fingerprint, *token, config.lease),
-                )
-                .await;
-            let record = match outcome {
-                Ok(ClaimOutcome::Claimed) => {
-                    let guard = pending.into_guard();
-                    if guard.started_heartbeat_driver() {
-                        // A task spawned on a worker thread sits in that worker's LIFO slot,
-                        // which no other worker can steal from: if the handler then blocks this
-                        // thread, the heartbeat driver would never start. Yielding once lets it
-                        // start (arming its timer), so its later wake-ups run on any free
-                        // worker. Only the request that started the driver pays for this.
-                        tokio::task::yield_now().await;
-                    }
-                    return self.admitted(guard).await;
-                }
-                Ok(ClaimOutcome::Existing(record)) => {
-                    pending.in_doubt = false;
-                    record
-                }
-                Err(error) => {
-                    return match wait.seen_running() {
-                        Some(retry_after) => {
-                            tracing::debug!(
-                                error = %crate::error::ErrorChain(&error),
-                                "the store failed while waiting for a running duplicate; answering in flight"
-                            );
-                            Ok(Begin::InFlight { retry_after })
-                        }
-                        // `pending` is dropped armed: the claim may have been made.
-                        None => Err(error),
-                    };
-                }
-            };
-            match judge(record, &fingerprint, config.retention) {
-                Judged::Mismatch => {
-                    pending.disarm();
-                    return Ok(Begin::Mismatch);
-                }
-                Judged::Replay(response) => {
-                    pending.disarm();
-                    return Ok(Begin::Replay(response));
-                }
-                Judged::Running(lease_remaining) => {
-                    let retry_after = lease_remaining.min(config.in_flight_retry_after);
-                    // No nap past the running claim's lease: it may lapse, and this request
-                    // then takes the key over.
-                    let nap_at_most = lease_remaining.max(FIRST_POLL);
-                    match wait
-                        .running(scope, key, retry_after, nap_at_most, woken)
-                        .await
-                    {
-                        Next::InFlight(retry_after) => {
-                            pending.disarm();
-                            return Ok(Begin::InFlight { retry_after });
-                        }
-                        // Another process's settle then wakes it too, on a store that can
-                        // tell (before the store is asked again: a settle after that look is
-                        // then heard).
-                        Next::Watch => self.shared.watch_settle(scope, key).await,
-                        Next::AskAgain => {}
-                    }
-                }
-            }
-        }
+        self.begin_with_lease(scope, key, fingerprint).await
     }
 }
 
