@@ -32,12 +32,13 @@ impl std::fmt::Debug for TokioOptions {
 }
 
 impl TokioOptions {
-    /// The defaults for connections from `source`: 16 connections, 5 s to connect, prepared
-    /// statements.
+    /// The defaults for connections from `source`: 8 connections (the pool size measured best
+    /// on hot rows and about even with 16 without them, `docs/benchmarks.md`), 5 s to connect,
+    /// prepared statements.
     pub(crate) fn new(source: Source) -> Self {
         TokioOptions {
             source,
-            pool_size: 16,
+            pool_size: 8,
             connect_timeout: Duration::from_secs(5),
             prepared_statements: true,
         }
