@@ -112,6 +112,16 @@ impl Climb {
         }
     }
 
+    /// The limit the climb stands on: the current one, or during a probe the one it goes back
+    /// to unless the probe is kept. A probe down from the pool is how a server without
+    /// contention checks that fewer would not commit more; it is not contention.
+    pub(super) fn kept(&self) -> usize {
+        match self.phase {
+            Phase::Up { from, .. } | Phase::Down { from, .. } => from,
+            Phase::Rest { .. } => self.limit,
+        }
+    }
+
     /// The step of a probe up from `from`: a fifth of it, at least one.
     fn first_step_up(from: usize) -> usize {
         (from / 5).max(1)

@@ -184,3 +184,29 @@ fn nothing_committed_moves_nothing() {
     }
     assert_eq!(climb.limit, 16);
 }
+
+#[test]
+fn a_probe_down_from_the_pool_stands_on_the_pool_until_it_is_kept() {
+    let mut climb = Climb::seeded(14, 7);
+    let mut now = Instant::now();
+    // `per_second` transactions a second until the limit moves; the limit it moved to.
+    let mut until_it_moves = |climb: &mut Climb, per_second: f64| loop {
+        now += Duration::from_secs_f64(1.0 / per_second);
+        if let Some(limit) = climb.ended(now, true) {
+            return limit;
+        }
+    };
+    // Measured, rested, then from the top a probe down to half.
+    assert_eq!(climb.kept(), 14, "at rest, the limit is the one kept");
+    assert_eq!(until_it_moves(&mut climb, 200.0), 7);
+    assert_eq!(
+        climb.kept(),
+        14,
+        "a probe only tries: the pool is still the limit kept"
+    );
+    // Half the limit commits twice as much (hot rows): kept, and the next probe goes on down
+    // from it.
+    let next = until_it_moves(&mut climb, 400.0);
+    assert!(next < 7, "{next}");
+    assert_eq!(climb.kept(), 7, "the probe down was kept");
+}
