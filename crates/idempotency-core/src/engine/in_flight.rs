@@ -8,13 +8,13 @@
 //! for the oldest). A request enters when it takes its key (a claim in the lease mode, its
 //! transaction in the one-transaction modes) and leaves when its outcome is settled or its guard
 //! is dropped: the engine's own lock (uncontended unless two of its requests enter or leave at
-//! the same instant), a map insert or removal and a gauge update per request; the oldest one's
+//! the same instant), a queue push or removal and a gauge update per request; the oldest one's
 //! start is written only when it changes. When the engine is dropped (every request of it has
 //! left by then) both gauges are set to 0.
 
 use crate::sync::{Mutex, MutexGuard};
 use metrics::Gauge;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -37,13 +37,16 @@ static ENGINES_BUILT: AtomicU64 = AtomicU64::new(0);
 #[derive(Default)]
 struct Registry {
     next: u64,
-    /// Entry number (taken in order, so the first is the oldest) to its start, Unix seconds.
-    started: BTreeMap<u64, f64>,
+    /// Entry numbers and their starts (Unix seconds), in the order they were taken, so sorted
+    /// by number and the first the oldest. A queue, not a map: it keeps its buffer when it
+    /// empties, so a request allocates nothing here (a `BTreeMap` allocated a node and freed
+    /// it for each request whenever it held no other).
+    started: VecDeque<(u64, f64)>,
 }
 
 impl Registry {
     fn oldest(&self) -> f64 {
-        self.started.values().next().copied().unwrap_or(0.0)
+        self.started.front().map_or(0.0, |&(_, start)| start)
     }
 }
 
@@ -108,7 +111,7 @@ impl InFlightGauges {
         let id = registry.next;
         registry.next += 1;
         let first = registry.started.is_empty();
-        registry.started.insert(id, now);
+        registry.started.push_back((id, now));
         if first {
             // Under the lock: two requests' writes of the oldest start land in the order of
             // their changes to the registry.
@@ -122,10 +125,14 @@ impl InFlightGauges {
     /// The request of `entry` no longer holds its key.
     pub(crate) fn leave(&self, entry: InFlight) {
         let mut registry = self.lock();
-        let was_oldest = registry.started.keys().next() == Some(&entry.0);
-        if registry.started.remove(&entry.0).is_none() {
+        let Ok(at) = registry
+            .started
+            .binary_search_by_key(&entry.0, |&(id, _)| id)
+        else {
             return;
-        }
+        };
+        registry.started.remove(at);
+        let was_oldest = at == 0;
         if was_oldest {
             let oldest = registry.oldest();
             #[cfg(idempotency_loom)]
@@ -168,6 +175,7 @@ mod tests {
     use super::*;
     use crate::test_store::metrics_by_series;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::collections::BTreeMap;
 
     /// The value of `name{engine}` in `seen`, if exported.
     fn series(seen: &BTreeMap<String, DebugValue>, name: &str, engine: &str) -> Option<f64> {
