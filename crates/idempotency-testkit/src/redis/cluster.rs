@@ -54,24 +54,36 @@ impl TempRedisCluster {
     }
 
     /// Three masters with one replica each (six servers), returned once every replica is in
-    /// sync with its master.
+    /// sync with its master, as both sides see it: the replica's link is up and its master
+    /// lists it `online`. The master's word can come up to a second later (it waits for the
+    /// replica's next acknowledgement), and it is the one a store's `wait_for_replicas` check
+    /// reads: a cluster returned on the replicas' word alone made the report's chaos run
+    /// refuse it once ("has 0 replicas in sync").
     pub fn start_with_replicas() -> io::Result<Self> {
         let cluster = Self::start_nodes(6, 1)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut in_sync = 0;
+            let (mut in_sync, mut online) = (0, 0);
             for node in &cluster.nodes {
                 let info = node.cli(&["info", "replication"])?;
                 if info.contains("role:slave") && info.contains("master_link_status:up") {
                     in_sync += 1;
                 }
+                if info.contains("role:master")
+                    && info
+                        .lines()
+                        .any(|line| line.starts_with("slave") && line.contains("state=online"))
+                {
+                    online += 1;
+                }
             }
-            if in_sync == 3 {
+            if in_sync == 3 && online == 3 {
                 return Ok(cluster);
             }
             if Instant::now() > deadline {
                 return Err(io::Error::other(format!(
-                    "{in_sync} of 3 replicas in sync after 30 s"
+                    "{in_sync} of 3 replicas in sync, {online} of 3 listed online by their \
+                     masters, after 30 s"
                 )));
             }
             std::thread::sleep(Duration::from_millis(50));
