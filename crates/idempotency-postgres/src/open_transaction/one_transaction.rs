@@ -160,6 +160,23 @@ impl<D: Driver> OpenTransaction<D> {
 }
 
 impl<D: Driver> StoreCore<D> {
+    /// The parameters of the key's lookup that begins a request's transaction, in either
+    /// one-transaction mode: the scope, the key, the transaction's idle bound (`hold`) and the
+    /// key's lock id.
+    pub(super) fn lookup_params<'a>(
+        &self,
+        scope: &'a Scope,
+        key: &'a IdempotencyKey,
+        hold: Duration,
+    ) -> [Param<'a>; 4] {
+        [
+            Param::Text(scope.as_str()),
+            Param::Text(key.as_str()),
+            Param::Int8(idle_limit_ms(hold)),
+            Param::Int8(self.table.statements.lock_id(scope.as_str(), key.as_str())),
+        ]
+    }
+
     /// One-transaction mode (see
     /// [`TransactionalStore::begin_one_transaction`](idempotency_core::store::TransactionalStore::begin_one_transaction)).
     /// A transaction that is not handed out ends when it is dropped: the answer to a duplicate
@@ -172,16 +189,10 @@ impl<D: Driver> StoreCore<D> {
         token: LeaseToken,
         hold: Duration,
     ) -> Result<Begun<D>, StoreError> {
-        let statements = &self.table.statements;
-        let params = [
-            Param::Text(scope.as_str()),
-            Param::Text(key.as_str()),
-            Param::Int8(idle_limit_ms(hold)),
-            Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
-        ];
+        let params = self.lookup_params(scope, key, hold);
         let (tx, rows) = self
             .driver
-            .begin_with(&statements.one_transaction_begin, &params)
+            .begin_with(&self.table.statements.one_transaction_begin, &params)
             .await?;
         let Some(row) = rows.first() else {
             return Err(StoreError::corrupt(

@@ -5,7 +5,7 @@
 //! one-transaction mode's (`one_transaction.rs`).
 
 use super::one_transaction::{AtCommit, Begun};
-use super::{Hold, OpenTransaction, idle_limit_ms};
+use super::{Hold, OpenTransaction};
 use crate::driver::{DIVISION_BY_ZERO, Driver, DriverError, DriverRow, Param, record_from_row};
 use crate::error::BACKEND;
 use crate::primitives::StoreCore;
@@ -32,17 +32,11 @@ impl<D: Driver> StoreCore<D> {
                 .begin_one_transaction(scope, key, fingerprint, token, hold)
                 .await;
         }
-        let statements = &self.table.statements;
-        let params = [
-            Param::Text(scope.as_str()),
-            Param::Text(key.as_str()),
-            Param::Int8(idle_limit_ms(hold)),
-            Param::Int8(statements.lock_id(scope.as_str(), key.as_str())),
-        ];
+        let params = self.lookup_params(scope, key, hold);
         let (answered, signal) = LookupSignal::new();
         let (tx, lookup) = self
             .driver
-            .begin_queued(&statements.speculative_lookup, &params, answered)
+            .begin_queued(&self.table.statements.speculative_lookup, &params, answered)
             .await?;
         // The transaction id and what `at_commit` reads from the lookup are set when it is settled.
         Ok(Begun::Absent(OpenTransaction {

@@ -2,6 +2,7 @@
 //! or unnamed behind a transaction pooler; `BEGIN` and `COMMIT` pipelined), and the connection
 //! a request's transaction holds.
 
+use super::driver_error::driver_error;
 use super::options::TokioOptions;
 use super::session::TokioSession;
 use super::statement::Ready;
@@ -9,7 +10,7 @@ use super::transaction::{TokioTx, close};
 use crate::driver::{
     ColumnRead, Driver, DriverError, DriverOps, OwnedParam, Param, PendingRows, Undo, UndoOnDrop,
 };
-use crate::error::{BACKEND, pool_error, query_error, setup_error};
+use crate::error::{BACKEND, pool_error, setup_error};
 use crate::schema::Sql;
 use crate::sentinel::Sentinel;
 use async_trait::async_trait;
@@ -104,13 +105,6 @@ pub(super) fn sql_params<'a>(params: &'a [Param<'_>]) -> [&'a (dyn ToSql + Sync)
 
 /// The most parameters a store statement takes.
 const MAX_PARAMS: usize = 8;
-
-pub(super) fn driver_error(e: tokio_postgres::Error) -> DriverError {
-    DriverError {
-        sqlstate: e.code().map(|code| code.code().to_owned()),
-        error: query_error(e),
-    }
-}
 
 impl<'r, T: tokio_postgres::types::FromSql<'r>> ColumnRead<'r, T> for Row {
     fn read(&'r self, i: usize) -> Result<T, ()> {

@@ -1,7 +1,7 @@
 //! The tokio-postgres driver's listening session: a connection of its own, made with the
 //! store's settings (TLS included), which the pool never hands out.
 
-use super::driver::driver_error;
+use super::driver_error::driver_error;
 use super::tls::Connector;
 use crate::driver::DriverError;
 use crate::error::BACKEND;

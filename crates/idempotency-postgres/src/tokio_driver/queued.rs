@@ -2,7 +2,8 @@
 //! their answer, so the handler's first statement follows them in the same round trip; a task
 //! of its own reads their answers.
 
-use super::driver::{TokioPostgres, driver_error, lost_a_prepared_statement, sql_params};
+use super::driver::{TokioPostgres, lost_a_prepared_statement, sql_params};
+use super::driver_error::driver_error;
 use super::transaction::TokioTx;
 use crate::driver::{DriverError, OwnedParam, Param, PendingRows};
 use crate::schema::Sql;
