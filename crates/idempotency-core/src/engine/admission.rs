@@ -12,7 +12,8 @@
 //! transactions at once, hot rows commit fewer, a busy server about as many. So the limit
 //! climbs the committed transactions per second (`admission/climb.rs`): it starts at the pool
 //! less the connections kept for lookups, tries a limit down and keeps it only when clearly
-//! more commit (looking further down when fewer commit as much: hot rows past their collapse),
+//! more commit, in two windows unless far more (looking further down when fewer commit as
+//! much: hot rows past their collapse),
 //! tries one up and keeps it only when more commit and each place commits nearly as much as
 //! before (an instance that takes more places takes a larger share of a total that may fall),
 //! and probes less often, at jittered times, while neither moves it. A request that finds the limit reached waits for a place up to the store
