@@ -180,19 +180,22 @@ pub struct EngineConfig {
 
 /// How many request transactions the engine lets run at once on a store whose transactions
 /// hold pooled connections ([`IdempotencyStore::pool_status`](crate::IdempotencyStore::pool_status)).
-/// Replays and duplicates never wait for a place: they are answered from the key's lookup.
+/// Replays and duplicates never take a place: a request that finds none free is answered from
+/// its key's lookup if the key has a record (at once while a limit below the pool is kept, after
+/// at most 25 ms while the limit stands at the pool or only tries a lower one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TransactionAdmission {
     /// At most the pool less a connection kept for lookups (one per eight), fewer when fewer
     /// commit more: the limit starts there and climbs the committed transactions per second,
-    /// window by window (a probe down is kept only when it commits 1.2x more, a probe up only
-    /// when two windows at it commit more and each place commits at least 0.75 of what it did),
+    /// window by window (a probe down is kept only when two windows at it commit 1.2x more, or
+    /// one 2x, a probe up only when two windows at it commit more and each place commits at
+    /// least 0.75 of what it did; probes that find nothing come every 16-24 windows),
     /// so transactions that are slow but do not wait on each other keep the pool, and hot rows
     /// bring it down to the one or two that do not wait. A request
     /// that finds no place waits for one up to the store timeout, then gets
     /// [`StoreError::Busy`](crate::StoreError::Busy) (`503 store-busy`); a replay or a
-    /// duplicate never needs one. Measured in `docs/benchmarks.md`, "Under contention".
+    /// duplicate never takes one. Measured in `docs/benchmarks.md`, "Under contention".
     #[default]
     Adaptive,
     /// As many as the pool has connections: the pool's own queue is the only limit.
