@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// A cheap deterministic jitter in [-1, 1], the `n`th of a fixed sequence.
+fn jitter(n: u64) -> f64 {
+    ((n.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0
+}
+
 /// Runs `climb` from `start` for `seconds` of transactions committed at `rate(limit)` per
 /// second (each one's end spaced evenly), with `noise` (0.1: up to ±10%, from a fixed
 /// sequence) on each one's spacing. The simulated time at the end, the limit's mean over
@@ -19,8 +24,7 @@ fn run(
     let (mut weighted, mut weight, mut committed) = (0.0, 0.0, 0.0);
     while now.duration_since(start).as_secs_f64() < seconds {
         i += 1;
-        // A cheap deterministic jitter in [-1, 1].
-        let jitter = ((i.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+        let jitter = jitter(i);
         let r = rate(climb.limit) * (1.0 + noise * jitter);
         let step = 1.0 / r.max(1e-3);
         if now.duration_since(start).as_secs_f64() >= seconds / 2.0 {
@@ -87,7 +91,7 @@ fn two_instances(seconds: f64, noise: f64, rate: impl Fn(usize) -> f64) -> (f64,
     let (mut weighted_a, mut weighted_b, mut weight) = (0.0, 0.0, 0.0);
     while now.duration_since(start).as_secs_f64() < seconds {
         let moment = (now.duration_since(start).as_secs_f64() / 0.15) as u64 + 1;
-        let jitter = ((moment.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+        let jitter = jitter(moment);
         let total = a.limit + b.limit;
         let step = 1.0 / (rate(total) * (1.0 + noise * jitter)).max(1e-3);
         if now.duration_since(start).as_secs_f64() >= seconds / 2.0 {
@@ -223,7 +227,7 @@ fn kept_below_the_pool(seconds: f64, noise: f64, rate: impl Fn(usize) -> f64) ->
     let (mut below, mut weighted, mut total) = (0.0, 0.0, 0.0);
     while now.duration_since(start).as_secs_f64() < seconds {
         let moment = (now.duration_since(start).as_secs_f64() / 0.15) as u64 + 1;
-        let jitter = ((moment.wrapping_mul(2_654_435_761) % 2001) as f64 - 1000.0) / 1000.0;
+        let jitter = jitter(moment);
         let step = 1.0 / (rate(climb.limit) * (1.0 + noise * jitter)).max(1e-3);
         if climb.kept() < climb.max {
             below += step;
