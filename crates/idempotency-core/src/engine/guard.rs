@@ -1,18 +1,19 @@
 //! The guard a proceeding request holds: its heartbeat, its transaction, and how its outcome
 //! reaches the store (`guard/commit.rs`: ending the request's transaction; `guard/store.rs`:
-//! storing a response outside one, now or in the background).
+//! storing a response outside one, now or in the background). What only one claim mode does
+//! is in that mode's file: the lease's guard and its release in `lease.rs`, the
+//! one-transaction modes' guard and their claim after the transaction in `one_transaction.rs`,
+//! the speculative settle in `speculative.rs`.
 
-use super::admission::{Admitted, Place};
+use super::admission::Place;
 use super::heartbeat_schedule::Registration;
 use super::in_flight::InFlight;
 use super::key_claim::KeyClaim;
 use super::limit::Charge;
-use super::opener::TxOpener;
 use super::retry::spawn_release;
 use super::shared::Shared;
 use crate::engine::config::ReplayPolicy;
 use crate::error::ErrorChain;
-use crate::fingerprint::Fingerprint;
 use crate::response::StoredResponse;
 use crate::store::IdempotencyStore;
 use crate::store::StoreOp;
@@ -34,28 +35,28 @@ use hold::Hold;
 /// [`Guard::release`]. A guard dropped without either (a panic, a cancelled future) rolls back
 /// its transaction and releases the key in the background; the lease is the last resort.
 pub struct Guard<S: IdempotencyStore + 'static> {
-    shared: Arc<Shared<S>>,
-    claim: KeyClaim,
+    pub(super) shared: Arc<Shared<S>>,
+    pub(super) claim: KeyClaim,
     /// Its place in the heartbeat schedule, until it stops.
-    heartbeat: Option<Registration>,
+    pub(super) heartbeat: Option<Registration>,
     /// Registering started the engine's heartbeat driver on this thread.
-    started_driver: bool,
-    transaction: Option<TransactionSlot>,
+    pub(super) started_driver: bool,
+    pub(super) transaction: Option<TransactionSlot>,
     /// Still holds the claim: neither completed nor released.
-    holding: bool,
+    pub(super) holding: bool,
     /// How the key is held.
-    hold: Hold,
+    pub(super) hold: Hold,
     /// The count this request took from its scope's limit on new keys, given back if its key
     /// turns out not to be new ([`Completion::Superseded`]).
-    charge: Option<Charge>,
+    pub(super) charge: Option<Charge>,
     /// Its place among the keys this process holds in flight, until its outcome is settled.
-    in_flight: Option<InFlight>,
+    pub(super) in_flight: Option<InFlight>,
     /// Its place among the request transactions admitted at once, until the transaction ends
     /// (not the guard: what follows a rollback, a claim of the key, may wait for a pooled
     /// connection, which a request waiting for a place may hold).
     /// Shared with the lease mode's opener, which takes the place when the handler opens the
     /// transaction. `None` on a store without admission (nothing allocated for it).
-    admitted: Option<Place>,
+    pub(super) admitted: Option<Place>,
 }
 
 impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
@@ -68,72 +69,9 @@ impl<S: IdempotencyStore + 'static> fmt::Debug for Guard<S> {
 }
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
-    pub(crate) fn new(shared: Arc<Shared<S>>, claim: KeyClaim) -> Self {
-        let (heartbeat, started_driver) = if shared.config.heartbeat {
-            let (registration, started) = shared.heartbeats.register(&shared, &claim);
-            (Some(registration), started)
-        } else {
-            (None, false)
-        };
-        let admitted: Option<Place> = shared.admission.as_ref().map(|_| Arc::default());
-        let transaction = shared.store.transactional().is_some().then(|| {
-            TransactionSlot::new(Box::new(TxOpener {
-                shared: Arc::clone(&shared),
-                claim: claim.clone(),
-                admitted: admitted.clone(),
-            }))
-        });
-        let in_flight = Some(shared.in_flight.enter());
-        Guard {
-            shared,
-            claim,
-            heartbeat,
-            started_driver,
-            transaction,
-            holding: true,
-            hold: Hold::Lease,
-            charge: None,
-            in_flight,
-            admitted,
-        }
-    }
-
-    /// A guard of the one-transaction mode: the key is held by `tx` alone (no claim record, so
-    /// no heartbeat and nothing to release), and the response is inserted in it. `speculative`:
-    /// the key's lookup in `tx` is still on its way ([`StoreTransaction::settle`]).
-    pub(crate) fn in_transaction(
-        shared: Arc<Shared<S>>,
-        claim: KeyClaim,
-        fingerprint: Fingerprint,
-        tx: Box<dyn StoreTransaction>,
-        speculative: bool,
-    ) -> Self {
-        let in_flight = Some(shared.in_flight.enter());
-        let admitted = None;
-        let hold = Hold::in_transaction(fingerprint, tx.as_ref(), speculative);
-        Guard {
-            shared,
-            claim,
-            heartbeat: None,
-            started_driver: false,
-            transaction: Some(TransactionSlot::opened(tx)),
-            holding: true,
-            hold,
-            charge: None,
-            in_flight,
-            admitted,
-        }
-    }
-
     /// This request counted against its scope's limit on new keys with `charge`.
     pub(crate) fn charged(mut self, charge: Charge) -> Self {
         self.charge = Some(charge);
-        self
-    }
-
-    /// This request's transaction took `place` among those admitted at once.
-    pub(crate) fn admitted(mut self, place: Admitted) -> Self {
-        self.admitted = Some(Arc::new(std::sync::Mutex::new(Some(place))));
         self
     }
 
@@ -386,9 +324,7 @@ impl<S: IdempotencyStore + 'static> Drop for Guard<S> {
 }
 
 mod commit;
-mod hold;
-mod reclaim;
-mod speculative;
+pub(super) mod hold;
 mod store;
 #[cfg(test)]
 mod tests;

@@ -1,17 +1,28 @@
-//! [`Engine::begin`] in [`ClaimMode::Lease`](super::ClaimMode::Lease): the claim is a record
-//! written before the handler runs, held by a lease the heartbeat renews; a duplicate reads it
-//! (replay, mismatch, or in flight and waited for).
+//! [`ClaimMode::Lease`](super::ClaimMode::Lease): the claim is a record written before the
+//! handler runs, held by a lease the heartbeat renews; a duplicate reads it (replay, mismatch,
+//! or in flight and waited for). Here, [`Engine::begin`] in this mode, its guard, and the
+//! claim's release.
 
+use super::admission::Place;
+use super::completion::Completion;
+use super::guard::Guard;
+use super::guard::hold::Hold;
+use super::key_claim::KeyClaim;
+use super::opener::TxOpener;
 use super::pending::PendingClaim;
-use super::protocol::{Judged, judge};
+use super::protocol::{self, Judged, judge};
+use super::retry::spawn_release;
+use super::shared::Shared;
 use super::wait::{FIRST_POLL, Next, WaitForKey};
 use super::{Begin, Engine};
-use crate::error::StoreError;
+use crate::error::{ErrorChain, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::record::LeaseToken;
 use crate::scope::Scope;
 use crate::store::{ClaimOutcome, IdempotencyStore, StoreOp};
+use crate::transaction::TransactionSlot;
+use std::sync::Arc;
 use tokio::time::Instant;
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
@@ -113,6 +124,84 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
                         Next::AskAgain => {}
                     }
                 }
+            }
+        }
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Guard<S> {
+    /// The guard of a lease-mode request whose claim record the store just wrote: a heartbeat
+    /// extends its lease (when on), and on a transactional store the handler's transaction is
+    /// opened on first use, taking its place among those admitted at once then.
+    pub(super) fn with_lease(shared: Arc<Shared<S>>, claim: KeyClaim) -> Self {
+        let (heartbeat, started_driver) = if shared.config.heartbeat {
+            let (registration, started) = shared.heartbeats.register(&shared, &claim);
+            (Some(registration), started)
+        } else {
+            (None, false)
+        };
+        let admitted: Option<Place> = shared.admission.as_ref().map(|_| Arc::default());
+        let transaction = shared.store.transactional().is_some().then(|| {
+            TransactionSlot::new(Box::new(TxOpener {
+                shared: Arc::clone(&shared),
+                claim: claim.clone(),
+                admitted: admitted.clone(),
+            }))
+        });
+        let in_flight = Some(shared.in_flight.enter());
+        Guard {
+            shared,
+            claim,
+            heartbeat,
+            started_driver,
+            transaction,
+            holding: true,
+            hold: Hold::Lease,
+            charge: None,
+            in_flight,
+            admitted,
+        }
+    }
+
+    /// After the request's transaction ended without its response: a lease-mode claim's record
+    /// still holds the key and is released in the background (fenced by its token, retried
+    /// until the lease runs out) so the retry can run; in the one-transaction modes the
+    /// transaction was the key's only hold and went with it.
+    pub(super) fn release_in_background(&self, why: &'static str) {
+        if self.hold.has_claim_record() {
+            spawn_release(Arc::clone(&self.shared), self.claim.clone(), why);
+        }
+    }
+
+    /// Releases the claim (fenced by its token) so a retry runs at once; retried in the
+    /// background until the lease runs out if the store fails.
+    pub(super) async fn release_claim(&self) -> Completion {
+        let shared = &self.shared;
+        let claim = &self.claim;
+        match shared
+            .call(
+                StoreOp::Release,
+                shared
+                    .store
+                    .release(claim.scope(), claim.key(), claim.token()),
+            )
+            .await
+        {
+            Ok(outcome) => {
+                let completion = protocol::after_release(Ok(outcome));
+                if completion == Completion::Stale {
+                    self.lost("the key was not released");
+                }
+                completion
+            }
+            Err(error) => {
+                tracing::warn!(
+                    backend = shared.store.backend(),
+                    error = %ErrorChain(&error),
+                    "could not release the key; retrying in the background until its lease runs out"
+                );
+                spawn_release(Arc::clone(shared), claim.clone(), "failed release");
+                protocol::after_release(Err(&error))
             }
         }
     }

@@ -1,11 +1,14 @@
 //! The protocol engine: the one place where the idempotency policy lives.
 //!
-//! - `mod.rs`: [`Engine::begin`], which dispatches once on the claim mode: `lease.rs` (a claim
-//!   record written first) or `one_transaction.rs` (the key's lookup opens the request's
-//!   transaction, waited for or, in the speculative mode, settled later by the guard);
+//! - `mod.rs`: [`Engine::begin`], which dispatches once on the claim mode to that mode's file,
+//!   which holds what only the mode does, from its begin to its guard's end: `lease.rs` (a
+//!   claim record written first, released by its token), `one_transaction.rs` (the key's lookup
+//!   opens the request's transaction and is waited for; the loop and the steps both
+//!   one-transaction modes share), `speculative.rs` (the lookup rides with the handler's first
+//!   statement and is settled later);
 //! - `config.rs`: [`EngineConfig`] and [`ReplayPolicy`];
 //! - `guard.rs`: the [`Guard`] a proceeding request holds, its heartbeat, and how its outcome is
-//!   stored (in the request's transaction when the store offers one);
+//!   stored (in the request's transaction when the store offers one), in every mode;
 //! - `key_claim.rs`: the [`KeyClaim`] a handler sees; `heartbeat.rs`: what keeps it from running out
 //!   (`heartbeat_schedule.rs`: the requests waiting for their first heartbeat);
 //! - `opener.rs`: opening the request's transaction on a transactional store;
@@ -36,6 +39,7 @@ pub mod protocol;
 pub(crate) mod replayed;
 mod retry;
 mod shared;
+mod speculative;
 pub(crate) mod status;
 pub(crate) mod store_metrics;
 mod timer;
@@ -238,12 +242,18 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin<S>, StoreError> {
-        if self.shared.config.claim_mode.is_one_transaction() {
-            // Boxed: its state is three quarters of the lease mode's, which would otherwise
-            // carry it (one allocation in a mode whose request waits for the database anyway).
-            return Box::pin(self.begin_in_transaction(scope, key, fingerprint)).await;
+        // The one-transaction modes' begins are boxed: their state is three quarters of the
+        // lease mode's, which would otherwise carry it (one allocation in a mode whose request
+        // waits for the database anyway).
+        match self.shared.config.claim_mode {
+            ClaimMode::Lease => self.begin_with_lease(scope, key, fingerprint).await,
+            ClaimMode::OneTransaction => {
+                Box::pin(self.begin_in_transaction(scope, key, fingerprint)).await
+            }
+            ClaimMode::OneTransactionSpeculative => {
+                Box::pin(self.begin_speculative(scope, key, fingerprint)).await
+            }
         }
-        self.begin_with_lease(scope, key, fingerprint).await
     }
 }
 

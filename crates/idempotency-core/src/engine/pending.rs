@@ -42,7 +42,7 @@ impl<S: IdempotencyStore + 'static> PendingClaim<'_, S> {
         let Some(lease) = self.lease() else {
             unreachable!("a pending claim is turned into a guard once")
         };
-        Guard::new(Arc::clone(self.shared), lease)
+        Guard::with_lease(Arc::clone(self.shared), lease)
     }
 }
 

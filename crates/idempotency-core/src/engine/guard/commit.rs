@@ -1,20 +1,19 @@
 //! How a guard that holds a transaction ends it: the response stored and committed with the
 //! handler's writes, or stored without them, and the claim released after a rollback.
-//! (`guard/speculative.rs` settles a speculative transaction first; `guard/reclaim.rs` claims
-//! the key again in the one-transaction modes once their transaction is gone.)
+//! (`speculative.rs` settles a speculative transaction first; `one_transaction.rs` claims the
+//! key again in the one-transaction modes once their transaction is gone, and `lease.rs`
+//! releases a lease-mode claim.)
 
 use super::{Completion, Guard, RollbackCause, Superseded};
 use crate::engine::protocol::{self, Judged, judge};
-use crate::engine::retry::spawn_release;
 use crate::error::ErrorChain;
 use crate::response::StoredResponse;
 use crate::store::IdempotencyStore;
 use crate::store::{CommitOutcome, DiscardOutcome, Record, StoreOp, StoreTransaction};
-use std::sync::Arc;
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// What the request answers when `record` stands for its key instead of its own.
-    pub(super) fn superseded_by(&self, record: Record) -> Superseded {
+    pub(in crate::engine) fn superseded_by(&self, record: Record) -> Superseded {
         let judged = match self.hold.fingerprint() {
             Some(fingerprint) => judge(record, &fingerprint, self.shared.config.retention),
             // Only the one-transaction modes insert records at commit time.
@@ -151,50 +150,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
         }
     }
 
-    /// After the request's transaction ended without its response: a lease-mode claim's record
-    /// still holds the key and is released in the background (fenced by its token, retried
-    /// until the lease runs out) so the retry can run; in the one-transaction modes the
-    /// transaction was the key's only hold and went with it.
-    fn release_in_background(&self, why: &'static str) {
-        if self.hold.has_claim_record() {
-            spawn_release(Arc::clone(&self.shared), self.claim.clone(), why);
-        }
-    }
-
-    /// Releases the claim (fenced by its token) so a retry runs at once; retried in the
-    /// background until the lease runs out if the store fails.
-    pub(super) async fn release_claim(&self) -> Completion {
-        let shared = &self.shared;
-        let claim = &self.claim;
-        match shared
-            .call(
-                StoreOp::Release,
-                shared
-                    .store
-                    .release(claim.scope(), claim.key(), claim.token()),
-            )
-            .await
-        {
-            Ok(outcome) => {
-                let completion = protocol::after_release(Ok(outcome));
-                if completion == Completion::Stale {
-                    self.lost("the key was not released");
-                }
-                completion
-            }
-            Err(error) => {
-                tracing::warn!(
-                    backend = shared.store.backend(),
-                    error = %ErrorChain(&error),
-                    "could not release the key; retrying in the background until its lease runs out"
-                );
-                spawn_release(Arc::clone(shared), claim.clone(), "failed release");
-                protocol::after_release(Err(&error))
-            }
-        }
-    }
-
-    pub(super) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
+    pub(in crate::engine) async fn rollback(&self, tx: Box<dyn StoreTransaction>) {
         let rolled_back = self.shared.call(StoreOp::Rollback, tx.rollback()).await;
         self.transaction_ended(false);
         if let Err(error) = rolled_back {

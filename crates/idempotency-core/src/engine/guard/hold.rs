@@ -1,11 +1,11 @@
-//! How a guard holds its key: the one thing about a request that differs by claim mode, asked
-//! by every file of the guard.
+//! How a guard holds its key: the one thing about a request that differs by claim mode, set by
+//! each mode's begin and asked by the guard's files and the modes' own steps.
 
 use crate::fingerprint::Fingerprint;
-use crate::store::{LookupSignal, StoreTransaction};
+use crate::store::LookupSignal;
 
 /// How a guard holds its key, one variant per claim mode.
-pub(super) enum Hold {
+pub(in crate::engine) enum Hold {
     /// A claim record with a lease ([`ClaimMode::Lease`](crate::ClaimMode::Lease)).
     Lease,
     /// Only the request's transaction
@@ -23,32 +23,15 @@ pub(super) enum Hold {
 }
 
 impl Hold {
-    /// The hold of a one-transaction request on `tx`; `speculative`: its key's lookup is still
-    /// on its way when the handler starts.
-    pub(super) fn in_transaction(
-        fingerprint: Fingerprint,
-        tx: &dyn StoreTransaction,
-        speculative: bool,
-    ) -> Self {
-        if speculative {
-            Hold::Speculative {
-                fingerprint,
-                lookup: tx.lookup_signal(),
-            }
-        } else {
-            Hold::Transaction { fingerprint }
-        }
-    }
-
     /// Whether a claim record holds the key (the lease mode), to be released when the request
     /// gives the key back; otherwise the request's transaction is the key's only hold, and the
     /// key is free once it ends.
-    pub(super) fn has_claim_record(&self) -> bool {
+    pub(in crate::engine) fn has_claim_record(&self) -> bool {
         matches!(self, Hold::Lease)
     }
 
     /// The request's fingerprint, in the modes whose records are written at commit.
-    pub(super) fn fingerprint(&self) -> Option<Fingerprint> {
+    pub(in crate::engine) fn fingerprint(&self) -> Option<Fingerprint> {
         match self {
             Hold::Lease => None,
             Hold::Transaction { fingerprint } | Hold::Speculative { fingerprint, .. } => {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// Stores the response without a transaction; on failure keeps the claim and retries in
     /// the background.
-    pub(super) async fn store(&self, response: StoredResponse) -> Completion {
+    pub(in crate::engine) async fn store(&self, response: StoredResponse) -> Completion {
         let shared = &self.shared;
         match shared.complete(&self.claim, &response).await {
             Ok(outcome) => {
@@ -84,7 +84,7 @@ impl<S: IdempotencyStore + 'static> Guard<S> {
     }
 
     /// The lease was lost before the request finished: the client is told so.
-    pub(super) fn lost(&self, what: &'static str) -> Completion {
+    pub(in crate::engine) fn lost(&self, what: &'static str) -> Completion {
         self.claim.mark_lost();
         tracing::warn!(
             backend = self.shared.store.backend(),

@@ -1,13 +1,66 @@
-//! What only the speculative one-transaction mode does: its handler starts before the key's
-//! lookup is answered, so the transaction is settled before anything of it counts, and a
-//! lookup that does not come back in time is said to the caller.
+//! [`ClaimMode::OneTransactionSpeculative`](crate::ClaimMode::OneTransactionSpeculative), what
+//! only it does: the key's lookup is queued with the handler's first statement
+//! ([`SpeculativeMode`]), so the handler starts before the lookup is answered, the transaction
+//! is settled before anything of it counts, and a lookup that does not come back in time is
+//! said to the caller. Its begin loop and the rest of its guard's life are the one-transaction
+//! modes' (`one_transaction.rs`).
 
-use super::hold::Hold;
-use super::{Completion, Guard, RollbackCause, Superseded};
-use crate::engine::protocol::TRANSACTION_RETRY_AFTER;
-use crate::error::ErrorChain;
-use crate::store::IdempotencyStore;
+use super::completion::{Completion, RollbackCause, Superseded};
+use super::guard::Guard;
+use super::guard::hold::Hold;
+use super::one_transaction::TransactionMode;
+use super::protocol::TRANSACTION_RETRY_AFTER;
+use super::{Begin, Engine};
+use crate::error::{ErrorChain, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::record::LeaseToken;
+use crate::scope::Scope;
+use crate::store::{IdempotencyStore, OneTransactionBegin, TransactionalStore};
 use crate::store::{Settled, StoreOp, StoreTransaction};
+use futures_util::future::BoxFuture;
+use std::time::Duration;
+
+/// The speculative mode's begin: the lookup rides with the handler's first statement
+/// ([`TransactionalStore::begin_one_transaction_speculative`]), and the guard holds its
+/// [`LookupSignal`](crate::store::LookupSignal).
+struct SpeculativeMode;
+
+impl TransactionMode for SpeculativeMode {
+    fn open<'a>(
+        store: &'a dyn TransactionalStore,
+        scope: &'a Scope,
+        key: &'a IdempotencyKey,
+        fingerprint: &'a Fingerprint,
+        token: LeaseToken,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<OneTransactionBegin, StoreError>> {
+        // `Engine::new` refused the mode with a wait, or on a store that cannot queue the
+        // lookup.
+        store.begin_one_transaction_speculative(scope, key, fingerprint, token, hold)
+    }
+
+    fn hold(fingerprint: Fingerprint, tx: &dyn StoreTransaction) -> Hold {
+        Hold::Speculative {
+            fingerprint,
+            lookup: tx.lookup_signal(),
+        }
+    }
+}
+
+impl<S: IdempotencyStore + 'static> Engine<S> {
+    /// [`Engine::begin`] in the speculative mode: the one-transaction modes' loop, opening
+    /// with [`SpeculativeMode`].
+    pub(super) async fn begin_speculative(
+        &self,
+        scope: Scope,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<S>, StoreError> {
+        self.begin_with_transaction::<SpeculativeMode>(scope, key, fingerprint)
+            .await
+    }
+}
 
 impl<S: IdempotencyStore + 'static> Guard<S> {
     /// In the speculative one-transaction mode, while the key's lookup is on its way: a future
