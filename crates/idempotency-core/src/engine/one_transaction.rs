@@ -77,14 +77,14 @@ impl TransactionMode for OneTransactionMode {
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// [`Engine::begin`] in [`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction).
-    pub(super) async fn begin_in_transaction(
+    /// (No future of its own around the loop's: one less to poll and to move the key into.)
+    pub(super) fn begin_in_transaction(
         &self,
         scope: Scope,
         key: IdempotencyKey,
         fingerprint: Fingerprint,
-    ) -> Result<Begin<S>, StoreError> {
+    ) -> impl Future<Output = Result<Begin<S>, StoreError>> + Send + '_ {
         self.begin_with_transaction::<OneTransactionMode>(scope, key, fingerprint)
-            .await
     }
 
     /// [`Engine::begin`] in a one-transaction mode `M`: one round trip opens the request's

@@ -51,14 +51,14 @@ impl TransactionMode for SpeculativeMode {
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// [`Engine::begin`] in the speculative mode: the one-transaction modes' loop, opening
     /// with [`SpeculativeMode`].
-    pub(super) async fn begin_speculative(
+    /// (No future of its own around the loop's: one less to poll and to move the key into.)
+    pub(super) fn begin_speculative(
         &self,
         scope: Scope,
         key: IdempotencyKey,
         fingerprint: Fingerprint,
-    ) -> Result<Begin<S>, StoreError> {
+    ) -> impl Future<Output = Result<Begin<S>, StoreError>> + Send + '_ {
         self.begin_with_transaction::<SpeculativeMode>(scope, key, fingerprint)
-            .await
     }
 }
 
