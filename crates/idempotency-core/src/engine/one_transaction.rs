@@ -37,10 +37,12 @@ const NO_LEASE_END: Duration = Duration::from_secs(30 * 365 * 86_400);
 /// What a one-transaction mode does its own way at its begin: how the request's transaction is
 /// opened with the key's lookup, and how the guard then holds the key. One type per mode
 /// ([`OneTransactionMode`], `speculative.rs`'s `SpeculativeMode`), chosen once by
-/// [`Engine::begin`]: no flag stands for the mode further down.
-pub(super) trait TransactionMode {
+/// [`Engine::begin`]: no flag stands for the mode further down. The loop takes it as a trait
+/// object, so it is compiled once.
+pub(super) trait TransactionMode: Sync {
     /// Opens the request's transaction on `store` with the key's lookup.
     fn open<'a>(
+        &self,
         store: &'a dyn TransactionalStore,
         scope: &'a Scope,
         key: &'a IdempotencyKey,
@@ -50,7 +52,7 @@ pub(super) trait TransactionMode {
     ) -> BoxFuture<'a, Result<OneTransactionBegin, StoreError>>;
 
     /// How the guard of a request whose key `tx` found free holds it.
-    fn hold(fingerprint: Fingerprint, tx: &dyn StoreTransaction) -> Hold;
+    fn hold(&self, fingerprint: Fingerprint, tx: &dyn StoreTransaction) -> Hold;
 }
 
 /// [`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction): the key's lookup is
@@ -60,6 +62,7 @@ struct OneTransactionMode;
 
 impl TransactionMode for OneTransactionMode {
     fn open<'a>(
+        &self,
         store: &'a dyn TransactionalStore,
         scope: &'a Scope,
         key: &'a IdempotencyKey,
@@ -70,7 +73,7 @@ impl TransactionMode for OneTransactionMode {
         store.begin_one_transaction(scope, key, fingerprint, token, hold)
     }
 
-    fn hold(fingerprint: Fingerprint, _: &dyn StoreTransaction) -> Hold {
+    fn hold(&self, fingerprint: Fingerprint, _: &dyn StoreTransaction) -> Hold {
         Hold::Transaction { fingerprint }
     }
 }
@@ -84,15 +87,16 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> impl Future<Output = Result<Begin<S>, StoreError>> + Send + '_ {
-        self.begin_with_transaction::<OneTransactionMode>(scope, key, fingerprint)
+        self.begin_with_transaction(&OneTransactionMode, scope, key, fingerprint)
     }
 
-    /// [`Engine::begin`] in a one-transaction mode `M`: one round trip opens the request's
+    /// [`Engine::begin`] in a one-transaction `mode`: one round trip opens the request's
     /// transaction and reads the key in it; nothing is written before the handler's own writes.
     /// A duplicate finds the key's lock held (in flight) or its record (replay, or mismatch);
     /// waiting for it follows [`EngineConfig::in_flight_wait`](crate::EngineConfig#structfield.in_flight_wait) as in the lease mode.
-    pub(super) async fn begin_with_transaction<M: TransactionMode>(
+    pub(super) async fn begin_with_transaction(
         &self,
+        mode: &'static dyn TransactionMode,
         scope: Scope,
         key: IdempotencyKey,
         fingerprint: Fingerprint,
@@ -145,13 +149,13 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
             let begun = shared
                 .call(
                     StoreOp::BeginTransaction,
-                    M::open(store, &scope, &key, &fingerprint, token, hold),
+                    mode.open(store, &scope, &key, &fingerprint, token, hold),
                 )
                 .await;
             let running = match begun {
                 Ok(OneTransactionBegin::Absent(tx)) => {
                     let claim = KeyClaim::new(scope, key, token, NO_LEASE_END, started);
-                    let hold = M::hold(fingerprint, tx.as_ref());
+                    let hold = mode.hold(fingerprint, tx.as_ref());
                     let guard = Guard::in_transaction(Arc::clone(shared), claim, hold, tx, place);
                     return self.admitted(guard).await;
                 }

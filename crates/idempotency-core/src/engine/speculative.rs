@@ -28,6 +28,7 @@ struct SpeculativeMode;
 
 impl TransactionMode for SpeculativeMode {
     fn open<'a>(
+        &self,
         store: &'a dyn TransactionalStore,
         scope: &'a Scope,
         key: &'a IdempotencyKey,
@@ -40,7 +41,7 @@ impl TransactionMode for SpeculativeMode {
         store.begin_one_transaction_speculative(scope, key, fingerprint, token, hold)
     }
 
-    fn hold(fingerprint: Fingerprint, tx: &dyn StoreTransaction) -> Hold {
+    fn hold(&self, fingerprint: Fingerprint, tx: &dyn StoreTransaction) -> Hold {
         Hold::Speculative {
             fingerprint,
             lookup: tx.lookup_signal(),
@@ -58,7 +59,7 @@ impl<S: IdempotencyStore + 'static> Engine<S> {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> impl Future<Output = Result<Begin<S>, StoreError>> + Send + '_ {
-        self.begin_with_transaction::<SpeculativeMode>(scope, key, fingerprint)
+        self.begin_with_transaction(&SpeculativeMode, scope, key, fingerprint)
     }
 }
 
