@@ -1,6 +1,8 @@
 //! Every relative link in the repository's Markdown (README files, `docs/`, the crates' front
 //! pages) points at a file that exists, and a `#fragment` into a Markdown file at one of its
 //! headings (GitHub's anchors). A renamed file or heading breaks the build, not a reader's click.
+//! A crate's front page has no relative link at all (docs.rs and crates.io show it without the
+//! repository), and the guides it names by path exist.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -144,6 +146,77 @@ fn every_relative_link_in_the_markdown_resolves() {
         broken.len(),
         broken.join("\n")
     );
+}
+
+/// The code spans of `text` outside code blocks.
+fn code_spans(text: &str) -> Vec<String> {
+    let mut spans = Vec::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if !in_fence {
+            spans.extend(line.split('`').skip(1).step_by(2).map(str::to_owned));
+        }
+    }
+    spans
+}
+
+/// The crates' front pages (`crates/*/README.md`), which are also their rustdoc.
+fn crate_front_pages(root: &Path) -> Vec<PathBuf> {
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("README.md"))
+        .filter(|page| page.exists())
+        .collect();
+    pages.sort();
+    pages
+}
+
+#[test]
+fn a_crate_front_page_has_no_relative_link_and_the_guides_it_names_exist() {
+    let root = root();
+    let pages = crate_front_pages(&root);
+    assert!(
+        pages.len() > 5,
+        "found only {} crate front pages",
+        pages.len()
+    );
+    let mut wrong = Vec::new();
+    let mut guides = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let shown = page.strip_prefix(&root).unwrap().display();
+        for target in link_targets(&text) {
+            if !is_external(&target) {
+                wrong.push(format!(
+                    "{shown}: {target} (a relative link: docs.rs and crates.io show this page \
+                     without the repository, so it leads nowhere there)"
+                ));
+            }
+        }
+        // A guide named by its path (`docs/http.md`), or by its name in the `docs/` folder.
+        for span in code_spans(&text) {
+            if !span.ends_with(".md") || span.contains(' ') {
+                continue;
+            }
+            guides += 1;
+            let path = if span.contains('/') {
+                root.join(&span)
+            } else {
+                root.join("docs").join(&span)
+            };
+            if !path.exists() {
+                wrong.push(format!(
+                    "{shown}: `{span}` (no such file in the repository)"
+                ));
+            }
+        }
+    }
+    assert!(guides > 15, "the front pages name only {guides} guides");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
