@@ -30,26 +30,25 @@ fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
     }
 }
 
+/// The lines of `text` outside its code blocks (fenced with ```).
+fn prose_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut in_fence = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            return false;
+        }
+        !in_fence
+    })
+}
+
 /// The targets of the inline links `[text](target)` of `text`, outside code blocks and code
 /// spans.
 fn link_targets(text: &str) -> Vec<String> {
     let mut targets = Vec::new();
-    let mut in_fence = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_fence = !in_fence;
-            continue;
-        }
-        if in_fence {
-            continue;
-        }
+    for line in prose_lines(text) {
         // Drop code spans: a link inside backticks is an example, not a link.
-        let mut plain = String::new();
-        for (i, part) in line.split('`').enumerate() {
-            if i % 2 == 0 {
-                plain.push_str(part);
-            }
-        }
+        let plain: String = line.split('`').step_by(2).collect();
         let mut rest = plain.as_str();
         while let Some(start) = rest.find("](") {
             let after = &rest[start + 2..];
@@ -79,14 +78,8 @@ fn anchor(heading: &str) -> String {
 
 /// The anchors of every heading of a Markdown file.
 fn anchors(text: &str) -> Vec<String> {
-    let mut in_fence = false;
-    text.lines()
-        .filter(|line| {
-            if line.trim_start().starts_with("```") {
-                in_fence = !in_fence;
-            }
-            !in_fence && line.starts_with('#')
-        })
+    prose_lines(text)
+        .filter(|line| line.starts_with('#'))
         .map(|line| anchor(line.trim_start_matches('#')))
         .collect()
 }
@@ -150,18 +143,9 @@ fn every_relative_link_in_the_markdown_resolves() {
 
 /// The code spans of `text` outside code blocks.
 fn code_spans(text: &str) -> Vec<String> {
-    let mut spans = Vec::new();
-    let mut in_fence = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_fence = !in_fence;
-            continue;
-        }
-        if !in_fence {
-            spans.extend(line.split('`').skip(1).step_by(2).map(str::to_owned));
-        }
-    }
-    spans
+    prose_lines(text)
+        .flat_map(|line| line.split('`').skip(1).step_by(2).map(str::to_owned))
+        .collect()
 }
 
 /// The crates' front pages (`crates/*/README.md`), which are also their rustdoc.
