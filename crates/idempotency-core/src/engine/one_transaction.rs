@@ -2,9 +2,8 @@
 //! written before the handler's own writes. Here, what both share ([`Engine::begin`]'s loop,
 //! the guard of a transaction, the key claimed again once its transaction is gone without the
 //! response) and [`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction)'s own step,
-//! `OneTransactionMode`: the lookup's
-//! answer waited for before the handler starts. The speculative mode's steps are in
-//! `speculative.rs`.
+//! `OneTransactionMode`: the lookup's answer waited for before the handler starts. The
+//! speculative mode's steps are in `speculative.rs`.
 
 use super::admission::Admitted;
 use super::completion::{Completion, RollbackCause};
@@ -79,8 +78,8 @@ impl TransactionMode for OneTransactionMode {
 }
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
-    /// [`Engine::begin`] in [`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction).
-    /// (No future of its own around the loop's: one less to poll and to move the key into.)
+    /// [`Engine::begin`] in [`ClaimMode::OneTransaction`](crate::ClaimMode::OneTransaction): the
+    /// loop's own future, with no other around it.
     pub(super) fn begin_in_transaction(
         &self,
         scope: Scope,

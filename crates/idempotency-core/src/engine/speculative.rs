@@ -51,8 +51,7 @@ impl TransactionMode for SpeculativeMode {
 
 impl<S: IdempotencyStore + 'static> Engine<S> {
     /// [`Engine::begin`] in the speculative mode: the one-transaction modes' loop, opening
-    /// with [`SpeculativeMode`].
-    /// (No future of its own around the loop's: one less to poll and to move the key into.)
+    /// with [`SpeculativeMode`] (its own future, with no other around it).
     pub(super) fn begin_speculative(
         &self,
         scope: Scope,
